@@ -1,0 +1,18 @@
+"""moa_cpp: Mixture-of-Attentions speculative decoding for llama.cpp GGUF models."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .errors import (BackendError, CacheFullError, FormatError, InvalidArgumentError, MismatchError,  # noqa: F401
+                     MoaError)
+
+
+def __getattr__(name: str):
+    # Lazy: importing the package (e.g. for `moa-cpp convert`) must not need the native library.
+    if name in ("Drafter", "DrafterModel", "DrafterState"):
+        from . import drafter
+        return getattr(drafter, name)
+    if name == "Target":
+        from .target import Target
+        return Target
+    raise AttributeError(name)

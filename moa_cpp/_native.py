@@ -1,0 +1,93 @@
+"""Thin cffi binding of ``native/include/moa.h`` (ABI mode).
+
+The header is the single source of truth: it is read at import, stripped of preprocessor
+lines and the ``MOA_API`` macro, and fed to ``ffi.cdef``. ``llama_cpp`` is imported first so
+that libmoa's ``libggml.so`` / ``libllama.so`` dependencies resolve (by SONAME) to the copies
+llama-cpp-python already loaded: one ggml per process.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import llama_cpp  # noqa: F401  (must be loaded before libmoa; see module docstring)
+from cffi import FFI
+
+from .errors import MoaError, error_for
+
+ABI_VERSION = 1
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+
+_PKG = Path(__file__).resolve().parent
+_REPO = _PKG.parent
+
+
+def _header_path() -> Path:
+    for p in (_PKG / "include" / "moa.h", _REPO / "native" / "include" / "moa.h"):
+        if p.is_file():
+            return p
+    raise MoaError(f"moa.h not found next to the package ({_PKG / 'include'}) or in the source tree")
+
+
+def _cdef_source(text: str) -> str:
+    """moa.h -> what cffi's cdef accepts: no preprocessor lines, no MOA_API, no extern "C"."""
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    lines = []
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("#") or s.startswith('extern "C"') or s == "}":
+            continue
+        lines.append(line.replace("MOA_API", ""))
+    return "\n".join(lines)
+
+
+def _library_candidates() -> list[Path]:
+    env = os.environ.get("MOA_CPP_LIB")
+    cands = [Path(env)] if env else []
+    names = ["libmoa.so", "libmoa.dylib", "moa.dll"]
+    for d in (_PKG / "lib",):
+        cands += [d / n for n in names]
+    return cands
+
+
+ffi = FFI()
+ffi.cdef(_cdef_source(_header_path().read_text()))
+
+
+def _load():
+    if llama_cpp.__version__ != LLAMA_CPP_PYTHON_VERSION:
+        raise MoaError(f"moa_cpp needs llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}, found {llama_cpp.__version__}")
+    tried = []
+    for cand in _library_candidates():
+        if cand.is_file():
+            lib = ffi.dlopen(str(cand))
+            if lib.moa_abi_version() != ABI_VERSION:
+                raise MoaError(f"{cand}: native ABI {lib.moa_abi_version()} != {ABI_VERSION}; rebuild the native library "
+                               "(pip install --force-reinstall --no-deps .)")
+            return lib, cand
+        tried.append(str(cand))
+    raise MoaError("native library libmoa not found; tried: " + ", ".join(tried) +
+                   " (set MOA_CPP_LIB or reinstall moa_cpp)")
+
+
+lib, LIBRARY_PATH = _load()
+
+
+def last_error() -> str:
+    return ffi.string(lib.moa_last_error()).decode("utf-8", "replace")
+
+
+def check(status: int) -> int:
+    """Raise the MoaError subclass for a negative status; return it otherwise."""
+    if status < 0:
+        raise error_for(status, last_error() or f"native call failed with status {status}")
+    return status
+
+
+def check_ptr(ptr, what: str):
+    """Raise for a NULL returned by a native constructor, with its status and message."""
+    if ptr == ffi.NULL:
+        code = lib.moa_last_status()
+        raise error_for(code if code < 0 else -7, f"{what}: {last_error() or 'failed'}")
+    return ptr

@@ -1,0 +1,242 @@
+"""The MoA drafter: a friendly class over the native ``moa_model`` / ``moa_state`` handles.
+
+Example::
+
+    from moa_cpp import Drafter, Target
+    target = Target.from_path("model.gguf")
+    drafter = Drafter("drafter.gguf", target.path, n_ctx=target.n_ctx)
+    logits = target.decode(prompt_ids)                      # captures every layer's K/V
+    drafter.commit(target.captured_lsa_in(), pos0=0)        # LSA -> mean -> Ekv2E -> CA cache
+    root = int(logits[-1].argmax())
+    draft_logits = drafter.draft([root], [len(prompt_ids)], feed=prompt_ids)
+    drafter.rollback(len(prompt_ids))                       # forget positions >= n
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from . import _native
+from ._native import check, check_ptr, ffi, lib
+from .errors import InvalidArgumentError
+
+__all__ = ["DrafterModel", "DrafterState", "Drafter", "CommitDebug"]
+
+
+@dataclass
+class CommitDebug:
+    """Intermediate arrays of a commit (for parity checks)."""
+
+    lsa_out: np.ndarray   # [T, L, W]
+    lsa_mean: np.ndarray  # [T, W]
+    ekv: np.ndarray       # [T, d]
+
+
+def _i32(values: Sequence[int], what: str) -> np.ndarray:
+    arr = np.ascontiguousarray(np.asarray(values, dtype=np.int64))
+    if arr.ndim != 1:
+        raise InvalidArgumentError(f"{what} must be a 1-D sequence of ints")
+    if arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
+        raise InvalidArgumentError(f"{what} out of int32 range")
+    return arr.astype(np.int32)
+
+
+def _ptr(arr: np.ndarray, ctype: str):
+    return ffi.cast(ctype, ffi.from_buffer(arr)) if arr.size else ffi.NULL
+
+
+class DrafterModel:
+    """Immutable drafter weights + the target tensors it borrows (token embedding, LM head).
+
+    Args:
+        drafter_path: MoA drafter GGUF (``general.architecture = "moa"``).
+        target_path: the target's GGUF (its token embedding / LM head are memory-mapped on CPU);
+            may be None if the drafter file bundles them.
+        device: "auto" (first GPU, else CPU), "cpu", or a ggml device name such as "CUDA0".
+        n_threads: CPU threads (default: all cores).
+        tli: override the target-layer-inference N stored in the file.
+
+    Raises:
+        FormatError, MismatchError, MoaIOError: bad files or a drafter/target mismatch.
+    """
+
+    def __init__(self, drafter_path: str | os.PathLike, target_path: str | os.PathLike | None = None, *,
+                 device: str = "auto", n_threads: Optional[int] = None, tli: Optional[int] = None,
+                 use_mmap: bool = True) -> None:
+        params = ffi.new("struct moa_model_params *")
+        lib.moa_model_params_init(params)
+        device_c = ffi.new("char[]", device.encode())
+        params.device = device_c
+        params.n_threads = int(n_threads or 0)
+        params.tli = -1 if tli is None else int(tli)
+        params.use_mmap = bool(use_mmap)
+        self.path = Path(drafter_path)
+        self.target_path = Path(target_path) if target_path is not None else None
+        tp = str(target_path).encode() if target_path is not None else ffi.NULL
+        ptr = lib.moa_model_load(str(drafter_path).encode(), tp, params)
+        self._ptr = ffi.gc(check_ptr(ptr, f"loading drafter '{drafter_path}'"), lib.moa_model_free)
+
+    # hyper-parameters
+    @property
+    def n_vocab(self) -> int:
+        """Number of logits per draft row (smaller than the target's with a reduced head)."""
+        return lib.moa_model_n_vocab(self._ptr)
+
+    @property
+    def n_target_vocab(self) -> int:
+        return lib.moa_model_n_target_vocab(self._ptr)
+
+    @property
+    def n_embd(self) -> int:
+        return lib.moa_model_n_embd(self._ptr)
+
+    @property
+    def n_target_layers(self) -> int:
+        return lib.moa_model_n_target_layers(self._ptr)
+
+    @property
+    def lsa_width(self) -> int:
+        return lib.moa_model_lsa_width(self._ptr)
+
+    @property
+    def tli(self) -> int:
+        return lib.moa_model_tli(self._ptr)
+
+    @property
+    def device(self) -> str:
+        return ffi.string(lib.moa_model_device(self._ptr)).decode()
+
+    def d2t(self) -> Optional[np.ndarray]:
+        """Draft -> target id map of a reduced draft vocabulary, or None."""
+        if self.n_vocab == self.n_target_vocab:
+            return None
+        out = np.empty(self.n_vocab, dtype=np.int32)
+        check(lib.moa_model_get_d2t(self._ptr, _ptr(out, "int32_t *")))
+        return out
+
+    def new_state(self, n_ctx: int = 4096, n_draft_max: int = 128, n_batch: int = 512) -> "DrafterState":
+        return DrafterState(self, n_ctx=n_ctx, n_draft_max=n_draft_max, n_batch=n_batch)
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            ffi.release(self._ptr)
+            self._ptr = None
+
+
+class DrafterState:
+    """One sequence's drafter caches (SA context + draft rows, CA cache). Not thread-safe."""
+
+    def __init__(self, model: DrafterModel, *, n_ctx: int = 4096, n_draft_max: int = 128, n_batch: int = 512) -> None:
+        p = ffi.new("struct moa_state_params *")
+        lib.moa_state_params_init(p)
+        p.n_ctx, p.n_draft_max, p.n_batch = int(n_ctx), int(n_draft_max), int(n_batch)
+        self.model = model  # keeps the weights alive
+        self._ptr = ffi.gc(check_ptr(lib.moa_state_init(model._ptr, p), "creating drafter state"), lib.moa_state_free)
+
+    @property
+    def n_ca(self) -> int:
+        """Verified positions in the CA cache."""
+        return lib.moa_state_n_ca(self._ptr)
+
+    @property
+    def n_sa(self) -> int:
+        """Context positions in the SA cache."""
+        return lib.moa_state_n_sa(self._ptr)
+
+    @property
+    def n_drafts(self) -> int:
+        """Pending draft rows of the current cycle."""
+        return lib.moa_state_n_drafts(self._ptr)
+
+    def commit(self, lsa_in: np.ndarray, pos0: Optional[int] = None, *, debug: bool = False) -> Optional[CommitDebug]:
+        """Append verified tokens' CA entries at positions ``pos0..pos0+T-1`` (default: ``n_ca``).
+
+        ``lsa_in`` is ``[T, L, W]`` float32: the target's per-layer K/V, head-interleaved
+        ``[K_h | V_h]`` in HF layout (``Target.captured_lsa_in``).
+        """
+        m = self.model
+        x = np.ascontiguousarray(lsa_in, dtype=np.float32)
+        if x.ndim != 3 or x.shape[1:] != (m.n_target_layers, m.lsa_width):
+            raise InvalidArgumentError(f"lsa_in must have shape [T, {m.n_target_layers}, {m.lsa_width}], got {list(x.shape)}")
+        T = x.shape[0]
+        pos0 = self.n_ca if pos0 is None else int(pos0)
+        if not debug:
+            check(lib.moa_state_commit(self._ptr, _ptr(x, "float *"), T, pos0, ffi.NULL, ffi.NULL, ffi.NULL))
+            return None
+        out = CommitDebug(np.empty((T, m.n_target_layers, m.lsa_width), np.float32),
+                          np.empty((T, m.lsa_width), np.float32), np.empty((T, m.n_embd), np.float32))
+        check(lib.moa_state_commit(self._ptr, _ptr(x, "float *"), T, pos0, _ptr(out.lsa_out, "float *"),
+                                   _ptr(out.lsa_mean, "float *"), _ptr(out.ekv, "float *")))
+        return out
+
+    def draft(self, tokens: Sequence[int], positions: Sequence[int], parents: Optional[Sequence[int]] = None, *,
+              feed: Sequence[int] = ()) -> np.ndarray:
+        """One drafting call; returns logits ``[len(tokens), n_vocab]``.
+
+        ``feed`` tokens are first appended to the SA context (K/V only) at positions
+        ``n_sa..``; they require that no draft rows are pending. ``parents[i]`` is the parent's
+        index among this cycle's draft rows (counted across calls) or -1 (default: each row's
+        parent is the previous row, i.e. a chain continuing the pending rows).
+        """
+        tok = _i32(tokens, "tokens")
+        pos = _i32(positions, "positions")
+        fd = _i32(feed, "feed")
+        n = tok.size
+        if pos.size != n:
+            raise InvalidArgumentError("tokens and positions must have the same length")
+        if parents is None:
+            start = self.n_drafts
+            par = np.arange(start - 1, start - 1 + n, dtype=np.int32)
+        else:
+            par = _i32(parents, "parents")
+            if par.size != n:
+                raise InvalidArgumentError("parents must have one entry per token")
+        logits = np.empty((n, self.model.n_vocab), dtype=np.float32)
+        check(lib.moa_state_draft(self._ptr, fd.size, _ptr(fd, "int32_t *"), n, _ptr(tok, "int32_t *"),
+                                  _ptr(pos, "int32_t *"), _ptr(par, "int32_t *"), _ptr(logits, "float *")))
+        return logits
+
+    def feed(self, tokens: Sequence[int]) -> None:
+        """Append context tokens to the SA cache (K/V only), at positions ``n_sa..``."""
+        fd = _i32(tokens, "tokens")
+        if fd.size:
+            check(lib.moa_state_draft(self._ptr, fd.size, _ptr(fd, "int32_t *"), 0, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL))
+
+    def clear_drafts(self) -> None:
+        """Drop this cycle's draft rows."""
+        check(lib.moa_state_clear_drafts(self._ptr))
+
+    def rollback(self, pos: int) -> None:
+        """Keep only positions < pos in both caches; drop draft rows."""
+        check(lib.moa_state_rollback(self._ptr, int(pos)))
+
+    def ca_cache(self) -> tuple[np.ndarray, np.ndarray]:
+        """The CA cache as ``(K, V)``, each ``[ca_kv_heads, n_ca, head_dim]`` (HF layout)."""
+        nh, hd = ffi.new("int32_t *"), ffi.new("int32_t *")
+        check(lib.moa_state_get_ca_cache(self._ptr, ffi.NULL, ffi.NULL, nh, hd))
+        k = np.empty((nh[0], self.n_ca, hd[0]), np.float32)
+        v = np.empty_like(k)
+        check(lib.moa_state_get_ca_cache(self._ptr, _ptr(k, "float *"), _ptr(v, "float *"), nh, hd))
+        return k, v
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            ffi.release(self._ptr)
+            self._ptr = None
+
+
+class Drafter(DrafterState):
+    """A drafter model with one state: the common single-sequence case.
+
+    >>> drafter = Drafter("drafter.gguf", "target.gguf", n_ctx=4096)   # doctest: +SKIP
+    """
+
+    def __init__(self, drafter_path: str | os.PathLike, target_path: str | os.PathLike | None = None, *,
+                 n_ctx: int = 4096, n_draft_max: int = 128, n_batch: int = 512, device: str = "auto",
+                 n_threads: Optional[int] = None, tli: Optional[int] = None) -> None:
+        model = DrafterModel(drafter_path, target_path, device=device, n_threads=n_threads, tli=tli)
+        super().__init__(model, n_ctx=n_ctx, n_draft_max=n_draft_max, n_batch=n_batch)

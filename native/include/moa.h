@@ -1,0 +1,185 @@
+/*
+ * moa.h - the whole native API of moa_cpp (Mixture-of-Attentions drafter on ggml).
+ *
+ * Objects:
+ *   moa_model   immutable drafter weights + the target tensors it borrows (token_embd,
+ *               LM head, TLI layers). Read-only after load: any number of states may use it.
+ *   moa_state   one sequence: SA cache, CA cache, graph scratch. Not thread-safe: one
+ *               thread at a time per state.
+ *   moa_capture collects the target's post-RoPE K and V of every layer during llama_decode,
+ *               through llama.cpp's eval callback (cb_eval). One per target context.
+ *
+ * Errors: fallible functions return an int32_t status (enum moa_status, 0 = OK, negative =
+ * error); constructors return NULL. The reason is in moa_last_error() (thread-local).
+ * Nothing in this library aborts the process on bad user input.
+ *
+ * Layouts are given in C row-major order ("[a][b][c]": c varies fastest).
+ * This header is parsed by cffi: no macros in declarations, no C++ types.
+ */
+#ifndef MOA_H
+#define MOA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef MOA_API
+#  if defined(_WIN32)
+#    define MOA_API __declspec(dllexport)
+#  else
+#    define MOA_API __attribute__((visibility("default")))
+#  endif
+#endif
+
+#define MOA_ABI_VERSION 1
+
+enum moa_status {
+    MOA_OK                    =  0,
+    MOA_ERR_INVALID_ARGUMENT  = -1,
+    MOA_ERR_IO                = -2,
+    MOA_ERR_FORMAT            = -3,  /* not a (valid) MoA / target GGUF                 */
+    MOA_ERR_MISMATCH          = -4,  /* drafter and target disagree (vocab, heads, ...) */
+    MOA_ERR_OUT_OF_MEMORY     = -5,
+    MOA_ERR_BACKEND           = -6,  /* ggml backend failure                            */
+    MOA_ERR_INTERNAL          = -7,
+    MOA_ERR_CACHE_FULL        = -8   /* state n_ctx exceeded; nothing was changed        */
+};
+
+typedef int32_t moa_token;
+typedef int32_t moa_pos;
+
+typedef struct moa_model   moa_model;
+typedef struct moa_state   moa_state;
+typedef struct moa_capture moa_capture;
+
+/* ---------------------------------------------------------------- library */
+
+/* MOA_ABI_VERSION of the compiled library; the Python binding refuses a mismatch. */
+MOA_API int32_t      moa_abi_version(void);
+/* Message of the last failed call on this thread ("" if none). Valid until the next call. */
+MOA_API const char * moa_last_error(void);
+/* Status of the last failed call on this thread (MOA_OK if none); lets NULL-returning
+ * constructors report a code. */
+MOA_API int32_t      moa_last_status(void);
+/* Route library logs (and ggml's) to cb; NULL restores stderr. level: ggml_log_level values. */
+MOA_API void         moa_log_set(void (*cb)(int32_t level, const char * text, void * user_data), void * user_data);
+/* The required drafter tensor names (GGUF), for checking the Python name table. */
+MOA_API int32_t      moa_arch_n_tensors(void);
+MOA_API const char * moa_arch_tensor_name(int32_t i);
+/* Number of ggml backend devices and their names ("CPU", "CUDA0", ...). */
+MOA_API int32_t      moa_device_count(void);
+MOA_API const char * moa_device_name(int32_t i);
+
+/* ---------------------------------------------------------------- model */
+
+struct moa_model_params {
+    const char * device;     /* "auto" (first GPU, else CPU; default), "cpu", or a device name */
+    int32_t      n_threads;  /* CPU threads; <= 0: all cores                                    */
+    int32_t      tli;        /* target layer inference N; -1 = value stored in the drafter GGUF */
+    bool         use_mmap;   /* map target tensors from the target GGUF on CPU (default true)   */
+};
+
+/* Fill p with defaults. */
+MOA_API void        moa_model_params_init(struct moa_model_params * p);
+
+/* Load a drafter GGUF (general.architecture "moa") and borrow token_embd / LM head (and the
+ * last N layers + output_norm when TLI N > 0) from the target GGUF. target_path may be NULL
+ * when the drafter file bundles those tensors. Checks drafter/target agreement (vocab, width,
+ * layer count, KV heads, head dim). Returns NULL on failure (see moa_last_error). */
+MOA_API moa_model * moa_model_load(const char * drafter_path, const char * target_path,
+                                   const struct moa_model_params * params);
+MOA_API void        moa_model_free(moa_model * model);
+
+/* Hyper-parameters. */
+MOA_API int32_t     moa_model_n_vocab(const moa_model * model);         /* rows of the logits the drafter returns */
+MOA_API int32_t     moa_model_n_target_vocab(const moa_model * model);  /* target vocabulary size                 */
+MOA_API int32_t     moa_model_n_embd(const moa_model * model);
+MOA_API int32_t     moa_model_n_target_layers(const moa_model * model); /* LSA sequence length L                  */
+MOA_API int32_t     moa_model_lsa_width(const moa_model * model);       /* W = 2 * target_kv_heads * key_length   */
+MOA_API int32_t     moa_model_tli(const moa_model * model);
+/* Reduced draft vocabulary: if moa_model_n_vocab < moa_model_n_target_vocab, copy the
+ * draft->target id map (n_vocab entries) to out and return MOA_OK; else MOA_ERR_INVALID_ARGUMENT. */
+MOA_API int32_t     moa_model_get_d2t(const moa_model * model, int32_t * out);
+/* Name of the backend device the drafter runs on. */
+MOA_API const char * moa_model_device(const moa_model * model);
+
+/* ---------------------------------------------------------------- state */
+
+struct moa_state_params {
+    int32_t n_ctx;        /* max positions in the CA / SA caches (default 4096)               */
+    int32_t n_draft_max;  /* max draft rows (scratch slots) per cycle, all calls (default 128) */
+    int32_t n_batch;      /* max tokens per commit / feed call (default 512)                  */
+};
+
+MOA_API void        moa_state_params_init(struct moa_state_params * p);
+MOA_API moa_state * moa_state_init(const moa_model * model, const struct moa_state_params * params);
+MOA_API void        moa_state_free(moa_state * state);
+
+/* Verified tokens -> LSA -> mean -> Ekv2E -> CA K/V, appended at positions pos0 .. pos0+n-1.
+ * lsa_in: [n_tokens][L][W], one row per target layer, head-interleaved [K_h | V_h] in HF
+ * layout (what moa_capture_get returns). pos0 must be <= moa_state_n_ca (a smaller pos0
+ * first truncates the CA cache). With TLI N > 0 the last N layers' K/V are also kept for
+ * the TLI attention. lsa_out [n][L][W], lsa_mean [n][W], ekv [n][n_embd] are optional
+ * (NULL) debug outputs. On error the caches are unchanged. */
+MOA_API int32_t     moa_state_commit(moa_state * state, const float * lsa_in, int32_t n_tokens, moa_pos pos0,
+                                     float * lsa_out, float * lsa_mean, float * ekv);
+
+/* One drafting call. First appends n_feed tokens to the SA context at positions
+ * moa_state_n_sa .. +n_feed-1 (K/V only: prompt tokens, accepted drafts), which requires that
+ * no draft rows are pending. Then runs n_draft draft rows: token tokens[i] at position pos[i],
+ * SA over the context + its ancestors + itself, CA over all CA entries, LM head.
+ * parents[i] is the index of the row's parent among this cycle's draft rows (0 = first draft
+ * row of the cycle, counted across calls), or -1 if the row attaches directly to the
+ * context. A parent must come from an earlier call or an earlier row of this call.
+ * logits: [n_draft][moa_model_n_vocab] (may be NULL when n_draft == 0). */
+MOA_API int32_t     moa_state_draft(moa_state * state,
+                                    int32_t n_feed, const moa_token * feed_tokens,
+                                    int32_t n_draft, const moa_token * tokens, const moa_pos * pos,
+                                    const int32_t * parents, float * logits);
+
+/* Drop this cycle's draft rows (SA scratch slots). */
+MOA_API int32_t     moa_state_clear_drafts(moa_state * state);
+/* Keep only positions < pos in the SA context and the CA cache; drops draft rows. */
+MOA_API int32_t     moa_state_rollback(moa_state * state, moa_pos pos);
+
+MOA_API int32_t     moa_state_n_ca(const moa_state * state);      /* CA entries (= verified positions) */
+MOA_API int32_t     moa_state_n_sa(const moa_state * state);      /* SA context positions              */
+MOA_API int32_t     moa_state_n_drafts(const moa_state * state);  /* pending draft rows                */
+/* Copy the CA cache: k, v: [ca_kv_heads][n_ca][head_dim] (HF layout). n_heads/head_dim out. */
+MOA_API int32_t     moa_state_get_ca_cache(const moa_state * state, float * k, float * v,
+                                           int32_t * n_heads, int32_t * head_dim);
+
+/* ---------------------------------------------------------------- target capture */
+
+/* A capture collects, during each llama_decode of a target context whose cb_eval is
+ * moa_capture_eval_cb and cb_eval_user_data the capture, the post-RoPE K ("Kcur-<il>", ROPE
+ * op) and V ("Vcur-<il>") of every layer and every batch row (all ubatches, in order).
+ * unpermute_k: undo llama.cpp's per-head Q/K row permutation (NORM-rope targets) so K is in
+ * HF layout. Returns NULL on bad arguments. */
+MOA_API moa_capture * moa_capture_init(int32_t n_layer, bool unpermute_k);
+MOA_API void          moa_capture_free(moa_capture * cap);
+/* The ggml_backend_sched_eval_callback; t is a struct ggml_tensor *. */
+MOA_API bool          moa_capture_eval_cb(void * t, bool ask, void * user_data);
+/* Forget rows captured so far (call before each llama_decode). */
+MOA_API void          moa_capture_reset(moa_capture * cap);
+/* While disabled, the callback asks for no tensor (near-zero overhead). */
+MOA_API void          moa_capture_set_enabled(moa_capture * cap, bool enabled);
+/* Rows captured since reset, or a negative status if the capture is inconsistent (a layer
+ * missing, shapes differing between layers). */
+MOA_API int32_t       moa_capture_n_rows(const moa_capture * cap);
+/* Shapes seen: KV heads and head dim (0 before the first capture). */
+MOA_API int32_t       moa_capture_n_head_kv(const moa_capture * cap);
+MOA_API int32_t       moa_capture_head_dim(const moa_capture * cap);
+/* Gather rows (indices into the captured rows) as LSA input [n_rows][n_layer][W],
+ * W = 2 * n_head_kv * head_dim, head-interleaved [K_h | V_h]. */
+MOA_API int32_t       moa_capture_get(const moa_capture * cap, const int32_t * rows, int32_t n_rows, float * lsa_in);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOA_H */

@@ -1,0 +1,28 @@
+// Shared graph blocks (RMS norm, SwiGLU FFN, RoPE, attention) and the per-module builders.
+// Builders are pure functions over a no_alloc ggml context; shapes are in ggml ne order.
+// ref: ../shared/spec/moa-architecture.md §4-§9, §16.
+#pragma once
+
+#include "moa-model.h"
+
+struct moa_graph {
+    ggml_context * ctx;
+    const moa_hparams & hp;
+};
+
+// w * x / sqrt(mean(x^2) + eps) over ne0.
+ggml_tensor * moa_build_norm(const moa_graph & g, ggml_tensor * x, ggml_tensor * w);
+// down(SiLU(gate(x)) * up(x)); x: [n_in, n]
+ggml_tensor * moa_build_ffn(const moa_graph & g, const moa_layer & L, ggml_tensor * x);
+// HF rotate-half RoPE == ggml NEOX mode; x: [head_dim, n_head, n], pos: I32 [n]
+ggml_tensor * moa_build_rope(const moa_graph & g, ggml_tensor * x, ggml_tensor * pos);
+// softmax(q k^T * scale + mask) v with grouped-query heads (query head j uses kv head j / (H / H_kv)).
+// q: [D, n_q, H, B]; k: [D, n_kv, H_kv, B]; v_t: [n_kv, D, H_kv, B] (keys along ne0);
+// mask: [n_kv, n_q] F32 or nullptr. Returns [D * H, n_q * B] (heads concatenated per row).
+ggml_tensor * moa_build_attn(const moa_graph & g, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v_t,
+                             ggml_tensor * mask, float scale);
+
+// LSA over the target-layer axis, then mean over layers and Ekv2E.
+// x: [W, L, T] -> writes lsa_out [W, L, T] and lsa_mean [W, T] to *out_lsa / *out_mean; returns ekv [d, T].
+ggml_tensor * moa_build_lsa_ekv2e(const moa_graph & g, const moa_model & m, ggml_tensor * x, ggml_tensor * layer_pos,
+                                  ggml_tensor ** out_lsa, ggml_tensor ** out_mean);

@@ -1,0 +1,537 @@
+// Drafter GGUF loading and validation against the target GGUF.
+//
+// Every check on user input (file, architecture, metadata, tensor types/shapes, data range,
+// drafter/target agreement) happens here, before any ggml call that could assert.
+#include "moa-model.h"
+
+#include "moa-arch.h"
+
+#include "gguf.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+namespace {
+
+struct gguf_file {
+    std::string path;
+    gguf_context * gctx = nullptr;
+    ggml_context * meta = nullptr;
+    size_t file_size = 0;
+
+    gguf_file(const char * p, const char * what) : path(p) {
+        struct stat st;
+        if (stat(p, &st) != 0) {
+            moa_throw(MOA_ERR_IO, "%s '%s': file not found", what, p);
+        }
+        file_size = (size_t) st.st_size;
+        gguf_init_params ip = {/*no_alloc =*/ true, /*ctx =*/ &meta};
+        gctx = gguf_init_from_file(p, ip);
+        if (!gctx) {
+            moa_throw(MOA_ERR_FORMAT, "%s '%s' is not a valid GGUF file (truncated or corrupted?)", what, p);
+        }
+        // gguf_init_from_file with no_alloc does not read tensor data: check its extent here.
+        const size_t data_off = gguf_get_data_offset(gctx);
+        for (int64_t i = 0; i < gguf_get_n_tensors(gctx); ++i) {
+            const char * name = gguf_get_tensor_name(gctx, i);
+            ggml_tensor * t = ggml_get_tensor(meta, name);
+            const size_t end = data_off + gguf_get_tensor_offset(gctx, i) + ggml_nbytes(t);
+            if (end > file_size) {
+                moa_throw(MOA_ERR_FORMAT, "%s '%s' is truncated: tensor '%s' ends at byte %zu but the file has %zu bytes",
+                          what, p, name, end, file_size);
+            }
+        }
+    }
+    ~gguf_file() {
+        if (gctx) gguf_free(gctx);
+        if (meta) ggml_free(meta);
+    }
+    gguf_file(const gguf_file &) = delete;
+    gguf_file & operator=(const gguf_file &) = delete;
+
+    int64_t key(const char * k) const { return gguf_find_key(gctx, k); }
+
+    std::string str(const char * k, const char * def = nullptr) const {
+        const int64_t id = key(k);
+        if (id < 0) {
+            if (def) return def;
+            moa_throw(MOA_ERR_FORMAT, "'%s': missing metadata key '%s'", path.c_str(), k);
+        }
+        if (gguf_get_kv_type(gctx, id) != GGUF_TYPE_STRING) {
+            moa_throw(MOA_ERR_FORMAT, "'%s': metadata key '%s' is not a string", path.c_str(), k);
+        }
+        return gguf_get_val_str(gctx, id);
+    }
+
+    // Integer key of any integer type; arrays allowed when every element is equal
+    // (some archs store per-layer head counts).
+    int64_t integer(const char * k, int64_t def = INT64_MIN) const {
+        const int64_t id = key(k);
+        if (id < 0) {
+            if (def != INT64_MIN) return def;
+            moa_throw(MOA_ERR_FORMAT, "'%s': missing metadata key '%s'", path.c_str(), k);
+        }
+        const gguf_type t = gguf_get_kv_type(gctx, id);
+        if (t == GGUF_TYPE_ARRAY) {
+            const gguf_type at = gguf_get_arr_type(gctx, id);
+            const size_t n = gguf_get_arr_n(gctx, id);
+            if (n == 0 || (at != GGUF_TYPE_UINT32 && at != GGUF_TYPE_INT32)) {
+                moa_throw(MOA_ERR_FORMAT, "'%s': metadata key '%s' has an unsupported array type", path.c_str(), k);
+            }
+            const int32_t * v = (const int32_t *) gguf_get_arr_data(gctx, id);
+            for (size_t i = 1; i < n; ++i) {
+                if (v[i] != v[0]) {
+                    moa_throw(MOA_ERR_MISMATCH, "'%s': '%s' differs between layers; per-layer sizes are not supported",
+                              path.c_str(), k);
+                }
+            }
+            return v[0];
+        }
+        switch (t) {
+            case GGUF_TYPE_UINT8:  return gguf_get_val_u8(gctx, id);
+            case GGUF_TYPE_INT8:   return gguf_get_val_i8(gctx, id);
+            case GGUF_TYPE_UINT16: return gguf_get_val_u16(gctx, id);
+            case GGUF_TYPE_INT16:  return gguf_get_val_i16(gctx, id);
+            case GGUF_TYPE_UINT32: return gguf_get_val_u32(gctx, id);
+            case GGUF_TYPE_INT32:  return gguf_get_val_i32(gctx, id);
+            case GGUF_TYPE_UINT64: return (int64_t) gguf_get_val_u64(gctx, id);
+            case GGUF_TYPE_INT64:  return gguf_get_val_i64(gctx, id);
+            default:
+                moa_throw(MOA_ERR_FORMAT, "'%s': metadata key '%s' is not an integer", path.c_str(), k);
+        }
+    }
+
+    double real(const char * k, double def = NAN) const {
+        const int64_t id = key(k);
+        if (id < 0) {
+            if (!std::isnan(def)) return def;
+            moa_throw(MOA_ERR_FORMAT, "'%s': missing metadata key '%s'", path.c_str(), k);
+        }
+        switch (gguf_get_kv_type(gctx, id)) {
+            case GGUF_TYPE_FLOAT32: return gguf_get_val_f32(gctx, id);
+            case GGUF_TYPE_FLOAT64: return gguf_get_val_f64(gctx, id);
+            default: return (double) integer(k);
+        }
+    }
+
+    ggml_tensor * tensor(const std::string & name) const { return ggml_get_tensor(meta, name.c_str()); }
+
+    size_t offset_of(const std::string & name) const {
+        const int64_t id = gguf_find_tensor(gctx, name.c_str());
+        return gguf_get_data_offset(gctx) + gguf_get_tensor_offset(gctx, id);
+    }
+};
+
+bool supported_weight_type(ggml_type t) {
+    switch (t) {
+        case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
+        case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1:
+        case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
+        case GGML_TYPE_Q8_K:
+            return true;
+        default:
+            return false;
+    }
+}
+
+std::string shape_str(const ggml_tensor * t) {
+    char buf[96];
+    snprintf(buf, sizeof(buf), "[%lld, %lld]", (long long) t->ne[0], (long long) t->ne[1]);
+    return buf;
+}
+
+// Check a drafter tensor exists with ggml shape [ne0, ne1] (ne1 = 1 for vectors).
+void expect_shape(const gguf_file & f, const std::string & name, int64_t ne0, int64_t ne1, bool vector_f32,
+                  std::vector<std::string> & problems) {
+    const ggml_tensor * t = f.tensor(name);
+    if (!t) {
+        problems.push_back("missing tensor '" + name + "'");
+        return;
+    }
+    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != 1 || t->ne[3] != 1) {
+        char buf[256];
+        snprintf(buf, sizeof(buf), "tensor '%s' has shape %s, expected [%lld, %lld]", name.c_str(),
+                 shape_str(t).c_str(), (long long) ne0, (long long) ne1);
+        problems.push_back(buf);
+    }
+    if (vector_f32 ? (t->type != GGML_TYPE_F32) : !supported_weight_type(t->type)) {
+        problems.push_back("tensor '" + name + "' has unsupported type " + ggml_type_name(t->type) +
+                           (vector_f32 ? " (norms and biases must be F32)" : ""));
+    }
+}
+
+ggml_backend_dev_t pick_device(const char * want) {
+    const std::string w = want ? want : "auto";
+    if (w == "auto") {
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            ggml_backend_dev_t d = ggml_backend_dev_get(i);
+            if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_GPU) return d;
+        }
+        return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    }
+    if (w == "cpu" || w == "CPU") return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    ggml_backend_dev_t d = ggml_backend_dev_by_name(w.c_str());
+    if (!d) {
+        std::string names;
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            names += std::string(i ? ", " : "") + ggml_backend_dev_name(ggml_backend_dev_get(i));
+        }
+        moa_throw(MOA_ERR_INVALID_ARGUMENT, "unknown device '%s' (available: auto, cpu, %s)", w.c_str(), names.c_str());
+    }
+    return d;
+}
+
+struct mapped_file {
+    void * addr = nullptr;
+    size_t size = 0;
+};
+
+mapped_file map_file(const std::string & path, size_t size) {
+    int fd = open(path.c_str(), O_RDONLY);
+    if (fd < 0) moa_throw(MOA_ERR_IO, "cannot open '%s'", path.c_str());
+    void * addr = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (addr == MAP_FAILED) moa_throw(MOA_ERR_IO, "cannot mmap '%s'", path.c_str());
+    return {addr, size};
+}
+
+void read_at(const std::string & path, size_t off, void * dst, size_t n) {
+    FILE * fp = fopen(path.c_str(), "rb");
+    if (!fp) moa_throw(MOA_ERR_IO, "cannot open '%s'", path.c_str());
+    std::unique_ptr<FILE, int (*)(FILE *)> guard(fp, fclose);
+    if (fseek(fp, (long) off, SEEK_SET) != 0 || fread(dst, 1, n, fp) != n) {
+        moa_throw(MOA_ERR_IO, "read error in '%s' at offset %zu", path.c_str(), off);
+    }
+}
+
+}  // namespace
+
+void moa_backend_set_threads(ggml_backend_t backend, int32_t n_threads) {
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+    if (!dev || ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) return;
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    auto fn = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
+    if (fn) fn(backend, n_threads);
+}
+
+moa_model::~moa_model() {
+    for (auto b : bufs) ggml_backend_buffer_free(b);
+    for (auto c : ctxs) ggml_free(c);
+    if (backend_cpu && backend_cpu != backend) ggml_backend_free(backend_cpu);
+    if (backend) ggml_backend_free(backend);
+    for (auto & m : mmaps) munmap(m.first, m.second);
+}
+
+// Copy tensors (by name) from a GGUF file into freshly allocated backend tensors.
+// On a CPU device with use_mmap, tensors are views into a read-only mapping instead
+// (no second copy of e.g. a 262K-row embedding).
+static void load_tensors(moa_model & m, const gguf_file & f, const std::vector<std::pair<std::string, ggml_tensor **>> & list,
+                         const std::string & name_prefix, bool use_mmap) {
+    if (list.empty()) return;
+    ggml_init_params ip = {ggml_tensor_overhead() * (list.size() + 1), nullptr, true};
+    ggml_context * ctx = ggml_init(ip);
+    if (!ctx) moa_throw(MOA_ERR_OUT_OF_MEMORY, "ggml_init failed");
+    m.ctxs.push_back(ctx);
+    std::vector<std::pair<ggml_tensor *, std::string>> made;
+    for (auto & [name, slot] : list) {
+        ggml_tensor * src = f.tensor(name);
+        ggml_tensor * t = ggml_dup_tensor(ctx, src);
+        ggml_set_name(t, (name_prefix + name).c_str());
+        *slot = t;
+        made.emplace_back(t, name);
+    }
+
+    ggml_backend_dev_props props;
+    ggml_backend_dev_get_props(m.dev, &props);
+    const bool can_map = use_mmap && ggml_backend_dev_type(m.dev) == GGML_BACKEND_DEVICE_TYPE_CPU &&
+                         props.caps.buffer_from_host_ptr;
+    if (can_map) {
+        mapped_file mf = map_file(f.path, f.file_size);
+        m.mmaps.emplace_back(mf.addr, mf.size);
+        size_t lo = SIZE_MAX, hi = 0, max_t = 0;
+        for (auto & [t, name] : made) {
+            const size_t off = f.offset_of(name);
+            lo = std::min(lo, off);
+            hi = std::max(hi, off + ggml_nbytes(t));
+            max_t = std::max(max_t, ggml_nbytes(t));
+        }
+        ggml_backend_buffer_t buf = ggml_backend_dev_buffer_from_host_ptr(m.dev, (char *) mf.addr + lo, hi - lo, max_t);
+        if (!buf) moa_throw(MOA_ERR_BACKEND, "cannot wrap the mapping of '%s' in a backend buffer", f.path.c_str());
+        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        m.bufs.push_back(buf);
+        for (auto & [t, name] : made) {
+            if (ggml_backend_tensor_alloc(buf, t, (char *) mf.addr + f.offset_of(name)) != GGML_STATUS_SUCCESS) {
+                moa_throw(MOA_ERR_BACKEND, "cannot place tensor '%s' in the mapped buffer", name.c_str());
+            }
+        }
+        return;
+    }
+
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, m.backend);
+    if (!buf) moa_throw(MOA_ERR_OUT_OF_MEMORY, "cannot allocate %s weights on device %s", name_prefix.c_str(), m.device_name.c_str());
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    m.bufs.push_back(buf);
+    std::vector<uint8_t> tmp;
+    for (auto & [t, name] : made) {
+        tmp.resize(ggml_nbytes(t));
+        read_at(f.path, f.offset_of(name), tmp.data(), tmp.size());
+        ggml_backend_tensor_set(t, tmp.data(), 0, tmp.size());
+    }
+}
+
+moa_model * moa_model_load_impl(const char * drafter_path, const char * target_path, const moa_model_params & params) {
+    if (!drafter_path) moa_throw(MOA_ERR_INVALID_ARGUMENT, "drafter path is NULL");
+    gguf_file df(drafter_path, "drafter");
+
+    const std::string arch = df.str("general.architecture", "");
+    if (arch != moa_arch::ARCH) {
+        moa_throw(MOA_ERR_FORMAT, "'%s' has general.architecture '%s', expected an MoA drafter ('%s'); "
+                  "convert a checkpoint with `moa-cpp convert`", drafter_path, arch.c_str(), moa_arch::ARCH);
+    }
+    const int64_t fmt = df.integer(moa_arch::key::FORMAT_VERSION, 1);
+    if (fmt != (int64_t) moa_arch::FORMAT_VERSION) {
+        moa_throw(MOA_ERR_FORMAT, "'%s': drafter format version %lld is not supported (expected %u)", drafter_path,
+                  (long long) fmt, moa_arch::FORMAT_VERSION);
+    }
+
+    auto m = std::make_unique<moa_model>();
+    moa_hparams & hp = m->hp;
+    namespace K = moa_arch::key;
+    hp.n_embd   = (int32_t) df.integer(K::EMBEDDING_LENGTH);
+    hp.n_head   = (int32_t) df.integer(K::HEAD_COUNT);
+    hp.head_dim = (int32_t) df.integer(K::KEY_LENGTH);
+    hp.sa_n_kv  = (int32_t) df.integer(K::SA_HEAD_KV);
+    hp.sa_n_ff  = (int32_t) df.integer(K::SA_FFN);
+    hp.ca_n_kv  = (int32_t) df.integer(K::CA_HEAD_KV);
+    hp.ca_n_ff  = (int32_t) df.integer(K::CA_FFN);
+    hp.n_target_layers = (int32_t) df.integer(K::TARGET_BLOCK_COUNT, 0);
+    hp.target_n_kv     = (int32_t) df.integer(K::TARGET_HEAD_KV);
+    hp.target_head_dim = (int32_t) df.integer(K::TARGET_KEY_LENGTH);
+    hp.lsa_width    = (int32_t) df.integer(K::LSA_WIDTH);
+    hp.lsa_n_head   = (int32_t) df.integer(K::LSA_HEAD_COUNT);
+    hp.lsa_n_kv     = (int32_t) df.integer(K::LSA_HEAD_KV);
+    hp.lsa_head_dim = (int32_t) df.integer(K::LSA_KEY_LENGTH);
+    hp.lsa_n_ff     = (int32_t) df.integer(K::LSA_FFN);
+    hp.rms_eps      = (float) df.real(K::RMS_EPS);
+    hp.rope_base    = (float) df.real(K::ROPE_FREQ_BASE);
+    hp.n_vocab_target = (int32_t) df.integer(K::VOCAB_SIZE);
+    hp.tli          = params.tli >= 0 ? params.tli : (int32_t) df.integer(K::TLI, 0);
+
+    std::vector<std::string> problems;
+    auto positive = [&](const char * what, int64_t v) {
+        if (v <= 0) problems.push_back(std::string(what) + " must be > 0");
+    };
+    positive(K::EMBEDDING_LENGTH, hp.n_embd);   positive(K::HEAD_COUNT, hp.n_head);
+    positive(K::KEY_LENGTH, hp.head_dim);       positive(K::SA_HEAD_KV, hp.sa_n_kv);
+    positive(K::CA_HEAD_KV, hp.ca_n_kv);        positive(K::SA_FFN, hp.sa_n_ff);
+    positive(K::CA_FFN, hp.ca_n_ff);            positive(K::LSA_WIDTH, hp.lsa_width);
+    positive(K::LSA_HEAD_COUNT, hp.lsa_n_head); positive(K::LSA_HEAD_KV, hp.lsa_n_kv);
+    positive(K::LSA_KEY_LENGTH, hp.lsa_head_dim); positive(K::LSA_FFN, hp.lsa_n_ff);
+    positive(K::TARGET_HEAD_KV, hp.target_n_kv); positive(K::TARGET_KEY_LENGTH, hp.target_head_dim);
+    positive(K::VOCAB_SIZE, hp.n_vocab_target);
+    if (!problems.empty()) goto report;
+    if (hp.n_head % hp.sa_n_kv || hp.n_head % hp.ca_n_kv) problems.push_back("SA/CA query heads must be a multiple of their KV heads");
+    if (hp.lsa_n_head % hp.lsa_n_kv) problems.push_back("LSA query heads must be a multiple of its KV heads");
+    if (hp.head_dim % 2 || hp.lsa_head_dim % 2) problems.push_back("head dims must be even (RoPE)");
+    if (hp.lsa_width != 2 * hp.target_n_kv * hp.target_head_dim) {
+        problems.push_back("moa.lsa.embedding_length must equal 2 * moa.target.head_count_kv * moa.target.key_length");
+    }
+    if (hp.tli != 0) {
+        problems.push_back("target layer inference (TLI) N > 0 is not supported by this build; use TLI 0");
+    }
+    {
+        const std::string layout = df.str(K::ROPE_QK_LAYOUT, "neox");
+        if (layout != "neox") problems.push_back("moa.rope.qk_layout '" + layout + "' is not supported (expected 'neox')");
+        const std::string in_layout = df.str(K::LSA_INPUT_LAYOUT, "hf");
+        if (in_layout != "hf") problems.push_back("moa.lsa.input_layout '" + in_layout + "' is not supported (expected 'hf')");
+        const std::string scaling = df.str(K::SA_ROPE_SCALING, "none");
+        if (scaling != "none") problems.push_back("RoPE scaling '" + scaling + "' is not supported yet");
+    }
+    {
+        const int64_t d = hp.n_embd, hd = (int64_t) hp.n_head * hp.head_dim, W = hp.lsa_width;
+        struct mod { const char * name; int64_t width, q, kv, ff; };
+        const mod mods[] = {
+            {"sa", d, hd, (int64_t) hp.sa_n_kv * hp.head_dim, hp.sa_n_ff},
+            {"ca", d, hd, (int64_t) hp.ca_n_kv * hp.head_dim, hp.ca_n_ff},
+            {"lsa", W, (int64_t) hp.lsa_n_head * hp.lsa_head_dim, (int64_t) hp.lsa_n_kv * hp.lsa_head_dim, hp.lsa_n_ff},
+        };
+        for (const mod & md : mods) {
+            const std::string p = std::string(md.name) + ".";
+            expect_shape(df, p + "attn_norm.weight", md.width, 1, true, problems);
+            expect_shape(df, p + "attn_q.weight", md.width, md.q, false, problems);
+            expect_shape(df, p + "attn_k.weight", md.width, md.kv, false, problems);
+            expect_shape(df, p + "attn_v.weight", md.width, md.kv, false, problems);
+            expect_shape(df, p + "attn_output.weight", md.q, md.width, false, problems);
+            expect_shape(df, p + "ffn_norm.weight", md.width, 1, true, problems);
+            expect_shape(df, p + "ffn_gate.weight", md.width, md.ff, false, problems);
+            expect_shape(df, p + "ffn_up.weight", md.width, md.ff, false, problems);
+            expect_shape(df, p + "ffn_down.weight", md.ff, md.width, false, problems);
+        }
+        expect_shape(df, moa_arch::EKV2E_WEIGHT, W, d, false, problems);
+        expect_shape(df, moa_arch::EKV2E_BIAS, d, 1, true, problems);
+    }
+    // Optional reduced draft vocabulary: own head + draft->target id map.
+    if (df.tensor(moa_arch::DRAFT_OUTPUT) || df.tensor(moa_arch::D2T)) {
+        const ggml_tensor * head = df.tensor(moa_arch::DRAFT_OUTPUT);
+        const ggml_tensor * map = df.tensor(moa_arch::D2T);
+        if (!head || !map) {
+            problems.push_back("a reduced draft vocabulary needs both 'draft_output.weight' and 'd2t'");
+        } else if (map->type != GGML_TYPE_I32 || ggml_n_dims(map) != 1 || head->ne[1] != map->ne[0]) {
+            problems.push_back("'d2t' must be an I32 vector with one entry per draft_output.weight row");
+        } else {
+            expect_shape(df, moa_arch::DRAFT_OUTPUT, hp.n_embd, head->ne[1], false, problems);
+        }
+    }
+report:
+    if (!problems.empty()) {
+        std::string msg = std::string("invalid MoA drafter '") + drafter_path + "':";
+        for (auto & p : problems) msg += "\n  - " + p;
+        moa_throw(MOA_ERR_FORMAT, "%s", msg.c_str());
+    }
+
+    // Target side: token embedding and LM head (tied when output.weight is absent).
+    const std::string tp = moa_arch::TARGET_PREFIX;
+    const bool bundled = df.tensor(tp + "token_embd.weight") != nullptr;
+    std::unique_ptr<gguf_file> tf;
+    std::string t_embd = "token_embd.weight", t_out = "output.weight";
+    const gguf_file * src = nullptr;
+    if (target_path) {
+        tf = std::make_unique<gguf_file>(target_path, "target");
+        src = tf.get();
+        const std::string tarch = tf->str("general.architecture", "");
+        if (tarch.empty() || tarch == moa_arch::ARCH) {
+            moa_throw(MOA_ERR_FORMAT, "'%s' is not a target model GGUF (general.architecture '%s')", target_path, tarch.c_str());
+        }
+        std::vector<std::string> mism;
+        auto tkey = [&](const char * suffix) { return tarch + "." + suffix; };
+        const int64_t t_layers = tf->integer(tkey("block_count").c_str());
+        const int64_t t_embd_n = tf->integer(tkey("embedding_length").c_str());
+        const int64_t t_head   = tf->integer(tkey("attention.head_count").c_str());
+        const int64_t t_kv     = tf->integer(tkey("attention.head_count_kv").c_str(), t_head);
+        const int64_t t_hd     = tf->integer(tkey("attention.key_length").c_str(), t_head > 0 ? t_embd_n / t_head : 0);
+        char buf[256];
+        if (hp.n_target_layers == 0) {
+            hp.n_target_layers = (int32_t) t_layers;
+        } else if (hp.n_target_layers != t_layers) {
+            snprintf(buf, sizeof(buf), "layer count: drafter expects %d target layers, target has %lld", hp.n_target_layers, (long long) t_layers);
+            mism.push_back(buf);
+        }
+        if (t_embd_n != hp.n_embd) {
+            snprintf(buf, sizeof(buf), "width: drafter n_embd %d, target n_embd %lld", hp.n_embd, (long long) t_embd_n);
+            mism.push_back(buf);
+        }
+        if (t_kv != hp.target_n_kv) {
+            snprintf(buf, sizeof(buf), "KV heads: drafter expects %d, target has %lld", hp.target_n_kv, (long long) t_kv);
+            mism.push_back(buf);
+        }
+        if (t_hd != hp.target_head_dim) {
+            snprintf(buf, sizeof(buf), "head dim: drafter expects %d, target has %lld", hp.target_head_dim, (long long) t_hd);
+            mism.push_back(buf);
+        }
+        const ggml_tensor * te = tf->tensor(t_embd);
+        if (!te) {
+            mism.push_back("target has no 'token_embd.weight'");
+        } else if (te->ne[1] != hp.n_vocab_target) {
+            snprintf(buf, sizeof(buf), "vocabulary: drafter %d tokens, target %lld", hp.n_vocab_target, (long long) te->ne[1]);
+            mism.push_back(buf);
+        }
+        if (!mism.empty()) {
+            std::string msg = std::string("drafter '") + drafter_path + "' does not match target '" + target_path + "':";
+            for (auto & p : mism) msg += "\n  - " + p;
+            moa_throw(MOA_ERR_MISMATCH, "%s", msg.c_str());
+        }
+        // Gemma-style targets feed sqrt(n_embd) * embedding to layer 0; the SA was trained on
+        // the target's layer-0 input.
+        const bool gemma = tarch.rfind("gemma", 0) == 0;
+        hp.embd_scale = (float) df.real(K::EMBEDDING_SCALE, gemma ? std::sqrt((double) hp.n_embd) : 1.0);
+        if (!tf->tensor(t_out)) t_out = t_embd;  // tied
+    } else if (bundled) {
+        src = &df;
+        t_embd = tp + "token_embd.weight";
+        t_out = df.tensor(tp + "output.weight") ? tp + "output.weight" : t_embd;
+        hp.embd_scale = (float) df.real(K::EMBEDDING_SCALE, 1.0);
+        if (hp.n_target_layers == 0) moa_throw(MOA_ERR_FORMAT, "'%s' does not record the target layer count", drafter_path);
+    } else {
+        moa_throw(MOA_ERR_INVALID_ARGUMENT, "a target GGUF is required: '%s' does not bundle the target's tensors", drafter_path);
+    }
+    {
+        const ggml_tensor * te = src->tensor(t_embd), * to = src->tensor(t_out);
+        if (!te || te->ne[0] != hp.n_embd || !supported_weight_type(te->type) ||
+            !to || to->ne[0] != hp.n_embd || to->ne[1] != hp.n_vocab_target || !supported_weight_type(to->type)) {
+            moa_throw(MOA_ERR_FORMAT, "target token embedding / LM head missing, of unsupported type or of the wrong shape");
+        }
+    }
+
+    // Backend.
+    m->dev = pick_device(params.device);
+    if (!m->dev) moa_throw(MOA_ERR_BACKEND, "no ggml backend device available");
+    m->device_name = ggml_backend_dev_name(m->dev);
+    m->backend = ggml_backend_dev_init(m->dev, nullptr);
+    if (!m->backend) moa_throw(MOA_ERR_BACKEND, "cannot initialise device %s", m->device_name.c_str());
+    m->n_threads = params.n_threads > 0 ? params.n_threads : (int32_t) std::max(1u, std::thread::hardware_concurrency());
+    if (ggml_backend_dev_type(m->dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+        m->backend_cpu = m->backend;
+    } else {
+        ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+        m->backend_cpu = cpu ? ggml_backend_dev_init(cpu, nullptr) : nullptr;
+        if (!m->backend_cpu) moa_throw(MOA_ERR_BACKEND, "cannot initialise the CPU backend");
+    }
+    moa_backend_set_threads(m->backend_cpu, m->n_threads);
+
+    // Drafter weights (always copied: they are small and may be converted per device).
+    std::vector<std::pair<std::string, ggml_tensor **>> dl;
+    auto layer = [&](const char * mod, moa_layer & L) {
+        const std::string p = std::string(mod) + ".";
+        dl.push_back({p + "attn_norm.weight", &L.attn_norm});
+        dl.push_back({p + "attn_q.weight", &L.wq});
+        dl.push_back({p + "attn_k.weight", &L.wk});
+        dl.push_back({p + "attn_v.weight", &L.wv});
+        dl.push_back({p + "attn_output.weight", &L.wo});
+        dl.push_back({p + "ffn_norm.weight", &L.ffn_norm});
+        dl.push_back({p + "ffn_gate.weight", &L.ffn_gate});
+        dl.push_back({p + "ffn_up.weight", &L.ffn_up});
+        dl.push_back({p + "ffn_down.weight", &L.ffn_down});
+    };
+    layer("sa", m->sa);
+    layer("ca", m->ca);
+    layer("lsa", m->lsa);
+    dl.push_back({moa_arch::EKV2E_WEIGHT, &m->ekv2e_w});
+    dl.push_back({moa_arch::EKV2E_BIAS, &m->ekv2e_b});
+    ggml_tensor * draft_head = nullptr;
+    if (df.tensor(moa_arch::DRAFT_OUTPUT)) dl.push_back({moa_arch::DRAFT_OUTPUT, &draft_head});
+    load_tensors(*m, df, dl, "", false);
+
+    if (draft_head) {
+        const ggml_tensor * map = df.tensor(moa_arch::D2T);
+        m->d2t.resize(map->ne[0]);
+        read_at(df.path, df.offset_of(moa_arch::D2T), m->d2t.data(), m->d2t.size() * sizeof(int32_t));
+        for (int32_t id : m->d2t) {
+            if (id < 0 || id >= hp.n_vocab_target) moa_throw(MOA_ERR_FORMAT, "'d2t' holds an id outside the target vocabulary");
+        }
+        m->output = draft_head;
+        hp.n_vocab = (int32_t) m->d2t.size();
+    }
+
+    std::vector<std::pair<std::string, ggml_tensor **>> tl;
+    tl.push_back({t_embd, &m->tok_embd});
+    ggml_tensor * target_out = nullptr;
+    if (!draft_head && t_out != t_embd) tl.push_back({t_out, &target_out});
+    load_tensors(*m, *src, tl, "target.", params.use_mmap);
+    if (!draft_head) {
+        m->output = target_out ? target_out : m->tok_embd;
+        hp.n_vocab = hp.n_vocab_target;
+    }
+
+    MOA_LOG_INFO("moa: loaded drafter '%s' on %s: d=%d H=%d D=%d L=%d W=%d vocab=%d tli=%d",
+                 drafter_path, m->device_name.c_str(), hp.n_embd, hp.n_head, hp.head_dim, hp.n_target_layers,
+                 hp.lsa_width, hp.n_vocab, hp.tli);
+    return m.release();
+}

@@ -1,0 +1,277 @@
+// The drafter's state machine (ref: ../shared/spec/moa-architecture.md §6, §7, §12):
+//
+//   commit(K/V of verified tokens, pos0)   target K/V -> LSA -> mean -> Ekv2E -> CA K/V, written
+//                                          at CA slots pos0.. (CA slot == absolute position).
+//   draft(feed tokens, draft rows)         feed: tokens whose SA output is not needed (prompt,
+//                                          accepted drafts) only get SA K/V, appended to the SA
+//                                          context (slot == position). Draft rows: SA over the
+//                                          context + their ancestors + themselves, CA over every
+//                                          CA entry (no mask), LM head. Their SA K/V live in
+//                                          scratch slots after the context until the next
+//                                          clear_drafts / rollback / feed.
+//   rollback(pos)                          forget positions >= pos in both caches.
+//
+// The CA cache only ever holds verified tokens and is frozen while drafting; the SA cache of a
+// token depends only on (token, position), so re-feeding accepted tokens is exact.
+#include "moa-state.h"
+
+#include "moa-graph.h"
+
+#include "ggml-alloc.h"
+
+#include <cmath>
+#include <cstring>
+
+static constexpr int MOA_GRAPH_MAX_NODES = 4096;
+
+moa_state::moa_state(const moa_model & model, const moa_state_params & p) : m(model) {
+    const moa_hparams & hp = m.hp;
+    n_ctx = p.n_ctx;
+    n_draft_max = p.n_draft_max;
+    n_batch = p.n_batch;
+    if (n_ctx <= 0 || n_draft_max <= 0 || n_batch <= 0) {
+        moa_throw(MOA_ERR_INVALID_ARGUMENT, "moa_state_params: n_ctx, n_draft_max and n_batch must be > 0");
+    }
+    ggml_init_params ip = {ggml_tensor_overhead() * 8, nullptr, true};
+    ctx_cache = ggml_init(ip);
+    if (!ctx_cache) moa_throw(MOA_ERR_OUT_OF_MEMORY, "ggml_init failed");
+    const int64_t D = hp.head_dim, n_sa_slots = (int64_t) n_ctx + n_draft_max;
+    ca_k = ggml_new_tensor_3d(ctx_cache, GGML_TYPE_F32, D, hp.ca_n_kv, n_ctx);
+    ca_v = ggml_new_tensor_2d(ctx_cache, GGML_TYPE_F32, n_ctx, D * hp.ca_n_kv);
+    sa_k = ggml_new_tensor_3d(ctx_cache, GGML_TYPE_F32, D, hp.sa_n_kv, n_sa_slots);
+    sa_v = ggml_new_tensor_2d(ctx_cache, GGML_TYPE_F32, n_sa_slots, D * hp.sa_n_kv);
+    ggml_set_name(ca_k, "cache_ca_k");
+    ggml_set_name(ca_v, "cache_ca_v");
+    ggml_set_name(sa_k, "cache_sa_k");
+    ggml_set_name(sa_v, "cache_sa_v");
+    buf_cache = ggml_backend_alloc_ctx_tensors(ctx_cache, m.backend);
+    if (!buf_cache) moa_throw(MOA_ERR_OUT_OF_MEMORY, "cannot allocate the drafter caches (n_ctx %d) on %s", n_ctx, m.device_name.c_str());
+    // Zero so that no view ever sees uninitialised (possibly NaN) memory.
+    ggml_backend_buffer_clear(buf_cache, 0);
+
+    ggml_backend_t backends[2] = {m.backend, m.backend_cpu};
+    const int nb = m.backend == m.backend_cpu ? 1 : 2;
+    sched = ggml_backend_sched_new(backends, nullptr, nb, MOA_GRAPH_MAX_NODES, false, true);
+    if (!sched) moa_throw(MOA_ERR_BACKEND, "cannot create the ggml backend scheduler");
+    graph_mem.resize(ggml_tensor_overhead() * MOA_GRAPH_MAX_NODES + ggml_graph_overhead_custom(MOA_GRAPH_MAX_NODES, false));
+}
+
+moa_state::~moa_state() {
+    if (sched) ggml_backend_sched_free(sched);
+    if (buf_cache) ggml_backend_buffer_free(buf_cache);
+    if (ctx_cache) ggml_free(ctx_cache);
+}
+
+namespace {
+
+struct graph_ctx {
+    ggml_context * ctx = nullptr;
+    ggml_cgraph * gf = nullptr;
+    graph_ctx(std::vector<uint8_t> & mem) {
+        ggml_init_params ip = {mem.size(), mem.data(), true};
+        ctx = ggml_init(ip);
+        if (!ctx) moa_throw(MOA_ERR_OUT_OF_MEMORY, "ggml_init failed");
+        gf = ggml_new_graph_custom(ctx, MOA_GRAPH_MAX_NODES, false);
+    }
+    ~graph_ctx() { ggml_free(ctx); }
+};
+
+ggml_tensor * input(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1 = 1) {
+    ggml_tensor * t = ne1 == 1 ? ggml_new_tensor_1d(ctx, type, ne0) : ggml_new_tensor_2d(ctx, type, ne0, ne1);
+    ggml_set_input(t);
+    return t;
+}
+
+// Write n new entries (k: [D, h, n], v: [D*h, n]) at slots s0.. of a (K, transposed V) cache.
+void store_kv(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * kc, ggml_tensor * vc, ggml_tensor * k, ggml_tensor * v,
+              int64_t s0) {
+    const int64_t n = k->ne[2];
+    ggml_tensor * kdst = ggml_view_3d(ctx, kc, kc->ne[0], kc->ne[1], n, kc->nb[1], kc->nb[2], s0 * kc->nb[2]);
+    ggml_tensor * vdst = ggml_view_2d(ctx, vc, n, vc->ne[1], vc->nb[1], s0 * ggml_element_size(vc));
+    // Expanding the copies first orders them before any attention that reads the cache.
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, k, kdst));
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_transpose(ctx, v), vdst));
+}
+
+// Attention views of the first n slots: K [D, n, h], V [n, D, h].
+ggml_tensor * view_k(ggml_context * ctx, ggml_tensor * kc, int64_t n) {
+    return ggml_view_3d(ctx, kc, kc->ne[0], n, kc->ne[1], kc->nb[2], kc->nb[1], 0);
+}
+ggml_tensor * view_v(ggml_context * ctx, ggml_tensor * vc, int64_t n, int64_t D) {
+    return ggml_view_3d(ctx, vc, n, D, vc->ne[1] / D, vc->nb[1], vc->nb[1] * D, 0);
+}
+
+void compute(ggml_backend_sched_t sched, ggml_cgraph * gf) {
+    if (ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
+        moa_throw(MOA_ERR_BACKEND, "ggml graph compute failed");
+    }
+}
+
+void alloc(ggml_backend_sched_t sched, ggml_cgraph * gf) {
+    ggml_backend_sched_reset(sched);
+    if (!ggml_backend_sched_alloc_graph(sched, gf)) moa_throw(MOA_ERR_OUT_OF_MEMORY, "cannot allocate the drafter graph");
+}
+
+}  // namespace
+
+// ref: §4-§6, prefill step 2 and update step 2 of §12.
+void moa_state::commit(const float * lsa_in, int32_t n_tokens, moa_pos pos0, float * lsa_out, float * lsa_mean, float * ekv) {
+    const moa_hparams & hp = m.hp;
+    if (n_tokens <= 0 || !lsa_in) moa_throw(MOA_ERR_INVALID_ARGUMENT, "commit: need n_tokens > 0 and lsa_in");
+    if (pos0 < 0 || pos0 > n_ca) {
+        moa_throw(MOA_ERR_INVALID_ARGUMENT, "commit: pos0 %d must be in [0, n_ca = %d] (CA entries are contiguous positions)", pos0, n_ca);
+    }
+    if ((int64_t) pos0 + n_tokens > n_ctx) {
+        moa_throw(MOA_ERR_CACHE_FULL, "commit: positions up to %d exceed the state's n_ctx %d", pos0 + n_tokens, n_ctx);
+    }
+    const int64_t L = hp.n_target_layers, W = hp.lsa_width, d = hp.n_embd, D = hp.head_dim;
+    // A smaller pos0 truncates first. n_ca advances after each complete chunk, so after a
+    // (backend) failure the cache holds exactly the entries that were fully written.
+    n_ca = pos0;
+    {
+        for (int32_t off = 0; off < n_tokens; off += n_batch) {
+            const int32_t T = std::min(n_batch, n_tokens - off);
+            graph_ctx gc(graph_mem);
+            ggml_context * ctx = gc.ctx;
+            moa_graph g{ctx, hp};
+            ggml_tensor * x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, W, L, T);  // [W, L, T]
+            ggml_set_input(x);
+            ggml_tensor * lpos = input(ctx, GGML_TYPE_I32, L * T);
+            ggml_tensor * pos = input(ctx, GGML_TYPE_I32, T);
+            ggml_tensor * y = nullptr, * mean = nullptr;
+            ggml_tensor * e = moa_build_lsa_ekv2e(g, m, x, lpos, &y, &mean);   // [d, T]
+            // ref: §6 - the CA input norm is shared by the query stream and this K/V stream.
+            ggml_tensor * u = moa_build_norm(g, e, m.ca.attn_norm);             // [d, T]
+            ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.ca.wk, u), D, hp.ca_n_kv, T);  // [D, h_ca, T]
+            k = moa_build_rope(g, k, pos);
+            ggml_tensor * v = ggml_mul_mat(ctx, m.ca.wv, u);                     // [D*h_ca, T]
+            if (lsa_out) { ggml_set_output(y); ggml_build_forward_expand(gc.gf, y); }
+            if (lsa_mean) { ggml_set_output(mean); ggml_build_forward_expand(gc.gf, mean); }
+            if (ekv) { ggml_set_output(e); ggml_build_forward_expand(gc.gf, e); }
+            store_kv(ctx, gc.gf, ca_k, ca_v, k, v, n_ca);
+
+            alloc(sched, gc.gf);
+            ggml_backend_tensor_set(x, lsa_in + (size_t) off * L * W, 0, ggml_nbytes(x));
+            std::vector<int32_t> lp(L * T), p(T);
+            for (int64_t t = 0; t < T; ++t) {
+                for (int64_t l = 0; l < L; ++l) lp[t * L + l] = (int32_t) l;
+                p[t] = n_ca + (int32_t) t;
+            }
+            ggml_backend_tensor_set(lpos, lp.data(), 0, ggml_nbytes(lpos));
+            ggml_backend_tensor_set(pos, p.data(), 0, ggml_nbytes(pos));
+            compute(sched, gc.gf);
+            if (lsa_out) ggml_backend_tensor_get(y, lsa_out + (size_t) off * L * W, 0, ggml_nbytes(y));
+            if (lsa_mean) ggml_backend_tensor_get(mean, lsa_mean + (size_t) off * W, 0, ggml_nbytes(mean));
+            if (ekv) ggml_backend_tensor_get(e, ekv + (size_t) off * d, 0, ggml_nbytes(e));
+            n_ca += T;
+        }
+    }
+}
+
+// ref: §7-§9 (SA, CA, LM head), §13 (tree levels as one call with an ancestor mask).
+void moa_state::draft(int32_t n_feed, const moa_token * feed, int32_t n_draft, const moa_token * tokens,
+                      const moa_pos * pos, const int32_t * parents, float * logits) {
+    const moa_hparams & hp = m.hp;
+    if (n_feed < 0 || n_draft < 0 || n_feed + n_draft == 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: nothing to do");
+    if (n_feed > 0 && !feed) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: feed_tokens is NULL");
+    if (n_draft > 0 && (!tokens || !pos || !parents || !logits)) {
+        moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: tokens, pos, parents and logits are required for draft rows");
+    }
+    const int32_t n_pending = (int32_t) draft_parent.size();
+    if (n_feed > 0 && n_pending > 0) {
+        moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: cannot feed context tokens while %d draft rows are pending "
+                  "(clear_drafts or rollback first)", n_pending);
+    }
+    if (n_sa + n_feed > n_ctx) moa_throw(MOA_ERR_CACHE_FULL, "draft: SA context would exceed n_ctx %d", n_ctx);
+    if (n_pending + n_draft > n_draft_max) {
+        moa_throw(MOA_ERR_CACHE_FULL, "draft: %d draft rows exceed n_draft_max %d", n_pending + n_draft, n_draft_max);
+    }
+    if (n_draft > 0 && n_ca == 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: commit at least one verified token first");
+    if (n_feed + n_draft > n_batch + n_draft_max) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: too many rows in one call");
+    for (int32_t i = 0; i < n_feed; ++i) {
+        if (feed[i] < 0 || feed[i] >= hp.n_vocab_target) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: feed token %d out of range", feed[i]);
+    }
+    for (int32_t i = 0; i < n_draft; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= hp.n_vocab_target) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: token %d out of range", tokens[i]);
+        if (pos[i] < 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: negative position");
+        if (parents[i] < -1 || parents[i] >= n_pending + i) {
+            moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: parent %d of row %d must be -1 or an earlier draft row", parents[i], i);
+        }
+    }
+
+    const int64_t D = hp.head_dim, d = hp.n_embd;
+    const int32_t N = n_feed + n_draft;
+    const int32_t n_ctx_rows = n_sa + n_feed;           // context slots after this call's feed
+    const int64_t s0 = n_sa + n_pending;                 // first slot written by this call
+    const int64_t n_kv = s0 + N;
+
+    graph_ctx gc(graph_mem);
+    ggml_context * ctx = gc.ctx;
+    moa_graph g{ctx, hp};
+    ggml_tensor * tok = input(ctx, GGML_TYPE_I32, N);
+    ggml_tensor * pos_all = input(ctx, GGML_TYPE_I32, N);
+    ggml_tensor * x = ggml_get_rows(ctx, m.tok_embd, tok);                     // [d, N]
+    if (hp.embd_scale != 1.0f) x = ggml_scale(ctx, x, hp.embd_scale);
+    ggml_tensor * a = moa_build_norm(g, x, m.sa.attn_norm);                    // [d, N]
+    ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.sa.wk, a), D, hp.sa_n_kv, N);  // [D, h_sa, N]
+    k = moa_build_rope(g, k, pos_all);
+    ggml_tensor * v = ggml_mul_mat(ctx, m.sa.wv, a);                           // [D*h_sa, N]
+    store_kv(ctx, gc.gf, sa_k, sa_v, k, v, s0);
+
+    ggml_tensor * out = nullptr, * mask = nullptr, * pos_d = nullptr;
+    if (n_draft > 0) {
+        pos_d = input(ctx, GGML_TYPE_I32, n_draft);
+        mask = input(ctx, GGML_TYPE_F32, n_kv, n_draft);                       // [n_kv, n_draft]
+        ggml_tensor * xd = ggml_view_2d(ctx, x, d, n_draft, x->nb[1], (size_t) n_feed * x->nb[1]);  // [d, nd]
+        ggml_tensor * ad = ggml_view_2d(ctx, a, d, n_draft, a->nb[1], (size_t) n_feed * a->nb[1]);  // [d, nd]
+        const float scale = 1.0f / std::sqrt((float) D);
+        // SA (ref §7)
+        ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.sa.wq, ggml_cont(ctx, ad)), D, hp.n_head, n_draft);
+        q = ggml_permute(ctx, moa_build_rope(g, q, pos_d), 0, 2, 1, 3);        // [D, nd, H]
+        ggml_tensor * o = moa_build_attn(g, q, view_k(ctx, sa_k, n_kv), view_v(ctx, sa_v, n_kv, D), mask, scale);  // [H*D, nd]
+        ggml_tensor * h = ggml_add(ctx, xd, ggml_mul_mat(ctx, m.sa.wo, o));    // [d, nd]
+        h = ggml_add(ctx, h, moa_build_ffn(g, m.sa, moa_build_norm(g, h, m.sa.ffn_norm)));
+        // CA (ref §8): query from the SA output at the row's own position; no mask.
+        ggml_tensor * c = moa_build_norm(g, h, m.ca.attn_norm);
+        ggml_tensor * qc = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.ca.wq, c), D, hp.n_head, n_draft);
+        qc = ggml_permute(ctx, moa_build_rope(g, qc, pos_d), 0, 2, 1, 3);      // [D, nd, H]
+        ggml_tensor * oc = moa_build_attn(g, qc, view_k(ctx, ca_k, n_ca), view_v(ctx, ca_v, n_ca, D), nullptr, scale);
+        ggml_tensor * z = ggml_add(ctx, h, ggml_mul_mat(ctx, m.ca.wo, oc));    // [d, nd]
+        z = ggml_add(ctx, z, moa_build_ffn(g, m.ca, moa_build_norm(g, z, m.ca.ffn_norm)));
+        // LM head on the CA output, no final norm at TLI 0 (ref §9).
+        out = ggml_mul_mat(ctx, m.output, z);                                  // [n_vocab, nd]
+        ggml_set_output(out);
+        ggml_build_forward_expand(gc.gf, out);
+    }
+
+    alloc(sched, gc.gf);
+    std::vector<int32_t> tk(N), ps(N);
+    for (int32_t i = 0; i < n_feed; ++i) { tk[i] = feed[i]; ps[i] = n_sa + i; }
+    for (int32_t i = 0; i < n_draft; ++i) { tk[n_feed + i] = tokens[i]; ps[n_feed + i] = pos[i]; }
+    ggml_backend_tensor_set(tok, tk.data(), 0, ggml_nbytes(tok));
+    ggml_backend_tensor_set(pos_all, ps.data(), 0, ggml_nbytes(pos_all));
+    if (n_draft > 0) {
+        ggml_backend_tensor_set(pos_d, pos, 0, ggml_nbytes(pos_d));
+        // Row i (draft row j = n_pending + i) sees the context slots, its ancestors and itself.
+        std::vector<float> mk((size_t) n_kv * n_draft, -INFINITY);
+        std::vector<int32_t> par(draft_parent);
+        par.insert(par.end(), parents, parents + n_draft);
+        for (int32_t i = 0; i < n_draft; ++i) {
+            float * row = mk.data() + (size_t) i * n_kv;
+            std::fill(row, row + n_ctx_rows, 0.0f);
+            for (int32_t j = n_pending + i; j >= 0; j = par[j]) row[n_ctx_rows + j] = 0.0f;
+        }
+        ggml_backend_tensor_set(mask, mk.data(), 0, ggml_nbytes(mask));
+    }
+    compute(sched, gc.gf);
+    if (n_draft > 0) ggml_backend_tensor_get(out, logits, 0, ggml_nbytes(out));
+    n_sa += n_feed;
+    draft_parent.insert(draft_parent.end(), parents, parents + n_draft);
+}
+
+void moa_state::rollback(moa_pos pos) {
+    if (pos < 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "rollback: negative position");
+    n_ca = std::min(n_ca, (int32_t) pos);
+    n_sa = std::min(n_sa, (int32_t) pos);
+    draft_parent.clear();
+}
