@@ -24,10 +24,18 @@ _REPO = _PKG.parent
 
 
 def _header_path() -> Path:
-    for p in (_PKG / "include" / "moa.h", _REPO / "native" / "include" / "moa.h"):
+    for p in (_PKG / "include" / "moa.h", _REPO / "native" / "include" / "moa.h", *_installed("include/moa.h")):
         if p.is_file():
             return p
     raise MoaError(f"moa.h not found next to the package ({_PKG / 'include'}) or in the source tree")
+
+
+def _installed(rel: str) -> list[Path]:
+    try:
+        from importlib.metadata import distribution
+        return [Path(distribution("moa_cpp").locate_file(f"moa_cpp/{rel}"))]
+    except Exception:  # not installed as a distribution
+        return []
 
 
 def _cdef_source(text: str) -> str:
@@ -46,7 +54,13 @@ def _library_candidates() -> list[Path]:
     env = os.environ.get("MOA_CPP_LIB")
     cands = [Path(env)] if env else []
     names = ["libmoa.so", "libmoa.dylib", "moa.dll"]
-    for d in (_PKG / "lib",):
+    dirs = [_PKG / "lib"]
+    try:  # an editable install keeps the built library in site-packages, not next to the sources
+        from importlib.metadata import distribution
+        dirs.append(Path(distribution("moa_cpp").locate_file("moa_cpp/lib")))
+    except Exception:  # not installed as a distribution: only the package dir / MOA_CPP_LIB
+        pass
+    for d in dirs:
         cands += [d / n for n in names]
     return cands
 

@@ -1,0 +1,152 @@
+"""HF MoA checkpoint -> MoA drafter GGUF (spec §17; format in docs/gguf-format.md).
+
+Modules: ``source`` (local dir or hub id), ``safetensors_io`` (F32/F16/BF16 -> float32),
+``layouts`` (Format A / B detection, name map, sizes from shapes), ``target_gguf`` (target
+cross-checks), ``writer`` (metadata types, quantization, GGUF output).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..errors import InvalidArgumentError, MismatchError, MoaError
+from ..gguf_names import FORMAT_VERSION, Keys
+from .layouts import Hparams, detect_layout, derive_hparams
+from .safetensors_io import load_f32
+from .source import resolve_source
+from .target_gguf import TargetInfo, check_target, read_target
+from .writer import OUTTYPES, Encoded, encode, write_gguf
+
+__all__ = ["convert", "add_convert_arguments", "run_convert", "OUTTYPES"]
+
+log = logging.getLogger(__name__)
+
+
+def _block_count(hp: Hparams, tg: TargetInfo | None, cli: int | None) -> int:
+    """Target layer count L: target GGUF > --target-layers > snapshot config > 0 (load time)."""
+    if tg is not None:
+        if cli is not None and cli != tg.block_count:
+            raise MismatchError(f"--target-layers {cli} but target GGUF {tg.path.name} has {tg.block_count} layers")
+        log.info("target.block_count = %d (from target GGUF %s.block_count)", tg.block_count, tg.arch)
+        return tg.block_count
+    if cli is not None:
+        if cli <= 0:
+            raise InvalidArgumentError(f"--target-layers {cli}: must be positive")
+        if hp.config_block_count is not None and hp.config_block_count != cli:
+            raise MismatchError(f"--target-layers {cli} but the snapshot config says "
+                                f"num_hidden_layers {hp.config_block_count}")
+        log.info("target.block_count = %d (from --target-layers)", cli)
+        return cli
+    if hp.config_block_count is not None:
+        log.info("target.block_count = %d (from snapshot config num_hidden_layers)", hp.config_block_count)
+        return int(hp.config_block_count)
+    log.info("target.block_count = 0 (unknown: the runtime takes it from the target GGUF at load time)")
+    return 0
+
+
+def _metadata(hp: Hparams, source_format: str, n_layers: int, tli: int,
+              target_arch: str | None) -> dict[str, int | float | str | bool]:
+    md: dict[str, int | float | str | bool] = {
+        Keys.FORMAT_VERSION: FORMAT_VERSION,
+        Keys.EMBEDDING_LENGTH: hp.d,
+        Keys.HEAD_COUNT: hp.head_count,
+        Keys.KEY_LENGTH: hp.key_length,
+        Keys.RMS_EPS: hp.rms_eps,
+        Keys.ROPE_FREQ_BASE: hp.rope_theta,
+        Keys.ROPE_QK_LAYOUT: "neox",        # HF q/k rows kept; runtime uses rotate-half RoPE
+        Keys.VOCAB_SIZE: hp.vocab_size,
+        Keys.EMBEDDING_SCALE: 1.0,          # llama / qwen2 targets feed the raw embedding row
+        Keys.TLI: tli,
+        Keys.TARGET_BLOCK_COUNT: n_layers,
+        Keys.TARGET_HEAD_COUNT_KV: hp.target_kv,
+        Keys.TARGET_KEY_LENGTH: hp.key_length,
+        Keys.SA_HEAD_COUNT_KV: hp.sa_kv,
+        Keys.SA_FFN: hp.sa_ffn,
+        Keys.CA_HEAD_COUNT_KV: hp.ca_kv,
+        Keys.CA_FFN: hp.ca_ffn,
+        Keys.LSA_WIDTH: hp.lsa_width,
+        Keys.LSA_HEAD_COUNT: hp.lsa_head_count,
+        Keys.LSA_HEAD_COUNT_KV: hp.lsa_kv,
+        Keys.LSA_KEY_LENGTH: hp.lsa_key_length,
+        Keys.LSA_FFN: hp.lsa_ffn,
+        Keys.LSA_INPUT_LAYOUT: "hf",        # LSA expects HF-ordered K (no §18(b) fold)
+        Keys.SA_ROPE_SCALING: "none",       # scaled checkpoints are rejected
+        Keys.SOURCE_FORMAT: source_format,
+    }
+    if target_arch:
+        md[Keys.TARGET_ARCH] = target_arch
+    return md
+
+
+def convert(src: str | os.PathLike[str], out_path: str | os.PathLike[str], outtype: str = "f16",
+            target_gguf: str | os.PathLike[str] | None = None, target_block_count: int | None = None,
+            tli: int = 0, revision: str | None = None, progress: bool = True) -> Path:
+    """Convert an HF MoA checkpoint (local dir or hub repo id) to a MoA drafter GGUF.
+
+    All validation happens before anything is written; the output appears atomically.
+    Raises FormatError (bad checkpoint), MismatchError (drafter vs target), MoaIOError,
+    InvalidArgumentError. Returns the output path.
+    """
+    if outtype not in OUTTYPES:
+        raise InvalidArgumentError(f"outtype {outtype!r}: expected one of {sorted(OUTTYPES)}")
+    if tli < 0:
+        raise InvalidArgumentError(f"tli {tli}: must be >= 0")
+    out = Path(out_path)
+    source = resolve_source(src, revision)
+    layout = detect_layout(source.path)
+    tg = read_target(target_gguf) if target_gguf is not None else None
+    hp = derive_hparams(layout, tg.as_fallback() if tg else None)
+    if tg is not None:
+        check_target(hp, tg)
+    n_layers = _block_count(hp, tg, target_block_count)
+    if n_layers and tli >= n_layers:
+        raise InvalidArgumentError(f"tli {tli}: must be below the target layer count {n_layers}")
+    target_arch = tg.arch if tg else hp.config_arch
+    md = _metadata(hp, layout.source_format, n_layers, tli, target_arch)
+
+    encoded: list[Encoded] = []
+    for g, info in tqdm(sorted(layout.tensors.items()), desc="convert", unit="tensor", disable=not progress):
+        encoded.append(encode(g, load_f32(info), outtype))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        write_gguf(tmp, source.repo_id or source.name, outtype, md, encoded)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    log.info("wrote %s (%s, %d tensors, %.2f MiB)", out, outtype, len(encoded), out.stat().st_size / 2**20)
+    return out
+
+
+def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``moa-cpp convert`` arguments to ``parser``."""
+    parser.add_argument("src", help="checkpoint directory, or a Hugging Face repo id (org/name)")
+    parser.add_argument("-o", "--output", "--outfile", dest="output", required=True, help="output GGUF path")
+    parser.add_argument("--outtype", choices=sorted(OUTTYPES), default="f16",
+                        help="matrix storage type (norms and Ekv2E bias stay F32); default f16")
+    parser.add_argument("--target-gguf", default=None,
+                        help="target GGUF to cross-check against and take the layer count from")
+    parser.add_argument("--target-layers", type=int, default=None,
+                        help="target layer count L, when no --target-gguf is given")
+    parser.add_argument("--tli", type=int, default=0, help="target layer inference N (default 0)")
+    parser.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    """Run a conversion from parsed arguments; prints the error and returns 1 on failure."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        convert(args.src, args.output, outtype=args.outtype, target_gguf=args.target_gguf,
+                target_block_count=args.target_layers, tli=args.tli, revision=args.revision,
+                progress=not getattr(args, "no_progress", False))
+    except MoaError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,244 @@
+"""Checkpoint layouts (Format A ``moa_spec`` / Format B training snapshot), name mapping and
+derivation of every drafter size from tensor shapes (spec §15.2, §17.2)."""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import FormatError
+from ..gguf_names import MODULES, tensor_map
+from .safetensors_io import TensorInfo, list_tensors
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_MODEL_TYPES = ("llama", "qwen2")
+_STRIP_PREFIXES = ("model.",)          # tolerated leading prefix on HF names
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent buffer; harmless if present
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A recognised checkpoint: its format, config and the 29 tensors keyed by GGUF name."""
+
+    source_format: str                  # "moa_spec" (Format A) | "snapshot" (Format B)
+    config: dict[str, Any]
+    tensors: dict[str, TensorInfo]      # GGUF name -> source tensor
+
+
+@dataclass(frozen=True)
+class Hparams:
+    """Drafter hyper-parameters, every size derived from shapes; ``sources`` says where each came from."""
+
+    d: int
+    head_count: int
+    key_length: int
+    sa_kv: int
+    sa_ffn: int
+    ca_kv: int
+    ca_ffn: int
+    lsa_width: int
+    lsa_head_count: int
+    lsa_key_length: int
+    lsa_kv: int
+    lsa_ffn: int
+    rms_eps: float
+    rope_theta: float
+    vocab_size: int
+    config_block_count: int | None      # snapshot config num_hidden_layers (target L), if any
+    config_arch: str | None             # snapshot model_type (target architecture), if any
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def target_kv(self) -> int:
+        """Target KV heads: W = 2 * H_kv * D."""
+        return self.lsa_width // (2 * self.key_length)
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise FormatError(f"unknown layout: {folder} has no config.json (need a moa_spec config or "
+                          "a llama/qwen2 training-snapshot config)")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise FormatError(f"{path}: invalid JSON ({e})") from e
+
+
+def _strip(name: str) -> str:
+    for p in _STRIP_PREFIXES:
+        if name.startswith(p):
+            return name[len(p):]
+    return name
+
+
+def detect_layout(folder: Path) -> Layout:
+    """Recognise the checkpoint in ``folder`` and map its tensors to GGUF names.
+
+    Raises FormatError listing every problem: unknown layout, disable_LSA variant, missing or
+    unexpected tensors.
+    """
+    config = _read_config(folder)
+    mt = config.get("model_type")
+    if mt == "moa_spec":
+        fmt = "moa_spec"
+    elif mt in SNAPSHOT_MODEL_TYPES:
+        fmt = "snapshot"
+    else:
+        raise FormatError(f"unknown layout: config.json model_type {mt!r} (expected 'moa_spec', or a "
+                          f"training snapshot with model_type in {list(SNAPSHOT_MODEL_TYPES)})")
+    log.info("layout: %s (config model_type %r, architectures %s)", fmt, mt, config.get("architectures"))
+
+    found = list_tensors(folder)
+    hf_to_gguf = {hf: g for g, hf in tensor_map().items()}
+    mapped: dict[str, TensorInfo] = {}
+    extra: list[str] = []
+    problems: list[str] = []
+    for raw, info in sorted(found.items()):
+        name = _strip(raw)
+        if name.endswith(_IGNORED_SUFFIXES):
+            log.info("ignoring buffer %s", raw)
+            continue
+        g = hf_to_gguf.get(name)
+        if g is None:
+            extra.append(raw)
+        elif g in mapped:
+            problems.append(f"tensor {name!r} present twice ({mapped[g].name!r} and {raw!r})")
+        else:
+            mapped[g] = info
+
+    has_lsa = any(g.startswith(("lsa.", "ekv2e.")) for g in mapped)
+    has_sa_ca = any(g.startswith(("sa.", "ca.")) for g in mapped)
+    if config.get("disable_LSA") or (has_sa_ca and not has_lsa):
+        raise FormatError(f"disable_LSA checkpoint ({len(found)} tensors, no layer_self_attention.* / "
+                          "Ekv2E.* tensors): this variant is not supported")
+    missing = [f"{hf} (-> {g})" for g, hf in tensor_map().items() if g not in mapped]
+    if missing:
+        problems.append("missing tensors: " + ", ".join(missing))
+    if extra:
+        hint = (" (attention/MLP biases, e.g. from a Qwen2 target, are not supported)"
+                if any(n.endswith(".bias") for n in extra) else "")
+        shown = ", ".join(extra[:20]) + (f", ... ({len(extra) - 20} more)" if len(extra) > 20 else "")
+        problems.append(f"unexpected extra tensors: {shown}{hint}")
+    if problems:
+        raise FormatError(f"{folder}: invalid MoA checkpoint:\n  - " + "\n  - ".join(problems))
+    return Layout(fmt, config, mapped)
+
+
+def _div(a: int, b: int, what: str, problems: list[str]) -> int:
+    if b <= 0 or a % b:
+        problems.append(f"{what}: {a} is not a multiple of {b}")
+        return 0
+    return a // b
+
+
+def derive_hparams(layout: Layout, fallback: dict[str, Any] | None = None) -> Hparams:
+    """Derive every size from tensor shapes (spec §15.2) and check all 29 shapes and the config.
+
+    ``fallback`` (from the target GGUF) supplies head_count / rms_eps / rope_theta / vocab_size
+    only when the config lacks them. Raises FormatError listing every problem.
+    """
+    cfg, t, fb = layout.config, layout.tensors, fallback or {}
+    problems: list[str] = []
+    src: dict[str, str] = {}
+
+    def shape(g: str) -> tuple[int, ...]:
+        return t[g].shape
+
+    def from_config(key: str, fb_key: str, what: str) -> Any:
+        if cfg.get(key) is not None:
+            src[what] = f"config.json {key}"
+            return cfg[key]
+        if fb.get(fb_key) is not None:
+            src[what] = "target GGUF"
+            return fb[fb_key]
+        problems.append(f"{what}: not in config.json ({key}) and no target GGUF to take it from")
+        return None
+
+    if cfg.get("rope_scaling") is not None:
+        problems.append(f"config.json rope_scaling {cfg['rope_scaling']!r}: RoPE scaling is not supported yet")
+
+    for g in t:  # rank check first: the arithmetic below indexes shapes
+        want = 1 if g.endswith(("_norm.weight", ".bias")) else 2
+        if len(shape(g)) != want:
+            problems.append(f"{t[g].name}: rank {len(shape(g))}, expected {want}")
+    if problems:
+        raise FormatError("invalid MoA checkpoint:\n  - " + "\n  - ".join(problems))
+
+    H = int(from_config("num_attention_heads", "head_count", "head_count") or 0)
+    eps = from_config("rms_norm_eps", "rms_eps", "rms_eps")
+    theta = from_config("rope_theta", "rope_theta", "rope_theta")
+    vocab = from_config("vocab_size", "vocab_size", "vocab_size")
+    d = shape("sa.attn_q.weight")[1]
+    src["d"] = "sa.attn_q.weight in-features"
+    D = _div(shape("sa.attn_q.weight")[0], H, "key_length = sa.q_proj.out / head_count", problems) if H else 0
+    src["key_length"] = "sa.q_proj.out / head_count"
+    W = shape("lsa.attn_q.weight")[0]
+    src["lsa_width"] = "lsa.q_proj.out"
+    src["lsa_key_length"] = "lsa_width / head_count"
+    src["config_block_count"] = "snapshot config num_hidden_layers (target L)"
+    src["config_arch"] = "snapshot config model_type"
+    D_l = _div(W, H, "lsa key_length = W / head_count", problems) if H else 0
+    if D_l % 2:
+        problems.append(f"lsa key_length {D_l} is odd (RoPE needs an even head dim)")
+    if D and W % (2 * D):
+        problems.append(f"lsa width {W} is not 2 * target_kv_heads * key_length {D}")
+    sa_kv = _div(shape("sa.attn_k.weight")[0], D, "sa kv heads = sa.k_proj.out / key_length", problems) if D else 0
+    ca_kv = _div(shape("ca.attn_k.weight")[0], D, "ca kv heads = ca.k_proj.out / key_length", problems) if D else 0
+    lsa_kv = _div(shape("lsa.attn_k.weight")[0], D_l, "lsa kv heads = lsa.k_proj.out / lsa key_length",
+                  problems) if D_l else 0
+    ffn = {m: shape(f"{m}.ffn_up.weight")[0] for m in MODULES}
+    for what in ("sa_kv", "ca_kv", "lsa_kv"):
+        src[what] = f"{what[:-3]}.k_proj.out / head dim"
+    for m in MODULES:
+        src[f"{m}_ffn"] = f"{m}.up_proj.out"
+
+    if H and D and D_l:
+        for m, width, hd, kv in (("sa", d, D, sa_kv), ("ca", d, D, ca_kv), ("lsa", W, D_l, lsa_kv)):
+            f = ffn[m]
+            expect = {
+                "attn_norm.weight": (width,), "ffn_norm.weight": (width,),
+                "attn_q.weight": (H * hd, width), "attn_k.weight": (kv * hd, width),
+                "attn_v.weight": (kv * hd, width), "attn_output.weight": (width, H * hd),
+                "ffn_gate.weight": (f, width), "ffn_up.weight": (f, width), "ffn_down.weight": (width, f),
+            }
+            for suffix, want in expect.items():
+                g = f"{m}.{suffix}"
+                if shape(g) != want:
+                    problems.append(f"{t[g].name}: shape {list(shape(g))}, expected {list(want)}")
+            if kv and H % kv:
+                problems.append(f"{m}: {H} query heads not a multiple of {kv} kv heads")
+        for g, want in (("ekv2e.weight", (d, W)), ("ekv2e.bias", (d,))):
+            if shape(g) != want:
+                problems.append(f"{t[g].name}: shape {list(shape(g))}, expected {list(want)}")
+
+    # Config values are cross-checks only: shapes decide.
+    checks: dict[str, int] = {"hidden_size": d, "head_dim": D}
+    if layout.source_format == "moa_spec":
+        checks.update({"self_attention_num_key_value_heads": sa_kv, "self_attention_intermediate_size": ffn["sa"],
+                       "cross_attention_num_key_value_heads": ca_kv, "cross_attention_intermediate_size": ffn["ca"],
+                       "kv_hidden_size": W, "layer_self_attention_num_key_value_heads": lsa_kv,
+                       "layer_self_attention_intermediate_size": ffn["lsa"]})
+    elif D:
+        checks["num_key_value_heads"] = W // (2 * D)  # snapshot config is the target's
+    for key, val in checks.items():
+        if cfg.get(key) is not None and val and int(cfg[key]) != val:
+            problems.append(f"config.json {key} = {cfg[key]} but the tensor shapes give {val}")
+    if problems:
+        raise FormatError("invalid MoA checkpoint:\n  - " + "\n  - ".join(problems))
+
+    snap = layout.source_format == "snapshot"
+    hp = Hparams(d=d, head_count=H, key_length=D, sa_kv=sa_kv, sa_ffn=ffn["sa"], ca_kv=ca_kv,
+                 ca_ffn=ffn["ca"], lsa_width=W, lsa_head_count=H, lsa_key_length=D_l, lsa_kv=lsa_kv,
+                 lsa_ffn=ffn["lsa"], rms_eps=float(eps), rope_theta=float(theta), vocab_size=int(vocab),
+                 config_block_count=cfg.get("num_hidden_layers") if snap else None,
+                 config_arch=cfg.get("model_type") if snap else None, sources=src)
+    src["lsa_head_count"] = "= head_count (reference: LSA uses the target's query heads)"
+    src["target_kv"] = "lsa_width / (2 * key_length)"
+    for k, v in hp.__dict__.items():
+        if k != "sources":
+            log.info("  %-18s = %-10s (%s)", k, v, src.get(k, "?") if v is not None else "absent")
+    return hp

@@ -1,0 +1,126 @@
+"""Read the few hyper-parameters of a target GGUF and cross-check a drafter against them."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError, MismatchError, MoaIOError
+from .layouts import Hparams
+
+log = logging.getLogger(__name__)
+
+# llama.cpp architectures whose K rows are permuted by convert_hf_to_gguf (NORM RoPE, spec §18).
+NORM_ROPE_ARCHS = ("llama", "mistral", "granite", "deci")
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """Hyper-parameters of a target GGUF (``None`` where the file does not say)."""
+
+    path: Path
+    arch: str
+    n_embd: int
+    head_count: int
+    head_count_kv: int
+    key_length: int
+    block_count: int
+    rms_eps: float | None
+    rope_theta: float | None
+    vocab_size: int | None
+    rope_scaling: str | None
+    has_rope_freqs: bool
+
+    def as_fallback(self) -> dict[str, Any]:
+        """Values the drafter config may lack (see layouts.derive_hparams)."""
+        return {"head_count": self.head_count, "rms_eps": self.rms_eps,
+                "rope_theta": self.rope_theta, "vocab_size": self.vocab_size}
+
+
+def _scalar(reader: Any, key: str) -> Any:
+    f = reader.fields.get(key)
+    return None if f is None else f.contents()
+
+
+def read_target(path: str | Path) -> TargetInfo:
+    """Read a target GGUF's architecture, sizes, eps, theta, vocabulary and RoPE scaling."""
+    import gguf  # lazy: only needed with --target-gguf
+
+    p = Path(path)
+    if not p.is_file():
+        raise MoaIOError(f"target GGUF {p}: no such file")
+    try:
+        r = gguf.GGUFReader(p)
+    except Exception as e:  # GGUFReader raises ValueError/struct errors on foreign files
+        raise FormatError(f"target GGUF {p}: not a readable GGUF ({e})") from e
+    arch = _scalar(r, "general.architecture")
+    if not arch:
+        raise FormatError(f"target GGUF {p}: no general.architecture")
+
+    def req(key: str) -> int:
+        v = _scalar(r, f"{arch}.{key}")
+        if v is None:
+            raise FormatError(f"target GGUF {p}: missing {arch}.{key}")
+        return int(v)
+
+    n_embd, n_head = req("embedding_length"), req("attention.head_count")
+    kv = _scalar(r, f"{arch}.attention.head_count_kv")
+    key_len = _scalar(r, f"{arch}.attention.key_length")
+    # Vocabulary: the explicit key, else the tokenizer list, else token_embd's row count.
+    vocab = _scalar(r, f"{arch}.vocab_size")
+    if vocab is None and "tokenizer.ggml.tokens" in r.fields:
+        vocab = len(r.fields["tokenizer.ggml.tokens"].data)
+    names = {t.name: t for t in r.tensors}
+    if vocab is None and "token_embd.weight" in names:
+        vocab = int(names["token_embd.weight"].shape[1])
+    info = TargetInfo(
+        path=p, arch=str(arch), n_embd=n_embd, head_count=n_head,
+        head_count_kv=int(kv) if kv is not None else n_head,  # GGUF convention: absent = MHA
+        key_length=int(key_len) if key_len is not None else n_embd // n_head,
+        block_count=req("block_count"),
+        rms_eps=_scalar(r, f"{arch}.attention.layer_norm_rms_epsilon"),
+        rope_theta=_scalar(r, f"{arch}.rope.freq_base"),
+        vocab_size=int(vocab) if vocab is not None else None,
+        rope_scaling=_scalar(r, f"{arch}.rope.scaling.type"),
+        has_rope_freqs="rope_freqs.weight" in names,
+    )
+    log.info("target GGUF %s: arch %s, n_embd %d, heads %d/%d kv, key_length %d, %d layers, vocab %s",
+             p.name, info.arch, n_embd, n_head, info.head_count_kv, info.key_length, info.block_count,
+             info.vocab_size)
+    return info
+
+
+def _f32_equal(a: float, b: float) -> bool:
+    # GGUF stores f32; configs hold the decimal (1e-05 vs 9.99999974e-06 are the same value).
+    return bool(np.float32(a) == np.float32(b))
+
+
+def check_target(hp: Hparams, tg: TargetInfo) -> None:
+    """Raise MismatchError listing every disagreement between drafter and target."""
+    bad: list[str] = []
+
+    def cmp(what: str, mine: Any, theirs: Any) -> None:
+        if theirs is not None and mine != theirs:
+            bad.append(f"{what}: drafter {mine}, target {theirs}")
+
+    cmp("embedding_length d", hp.d, tg.n_embd)
+    cmp("attention.head_count H", hp.head_count, tg.head_count)
+    cmp("key_length D", hp.key_length, tg.key_length)
+    cmp("LSA width W vs 2 * head_count_kv * key_length", hp.lsa_width, 2 * tg.head_count_kv * tg.key_length)
+    cmp("vocab_size", hp.vocab_size, tg.vocab_size)
+    if tg.rms_eps is not None and not _f32_equal(hp.rms_eps, tg.rms_eps):
+        bad.append(f"rms eps: drafter {hp.rms_eps}, target {tg.rms_eps}")
+    if tg.rope_theta is not None and not _f32_equal(hp.rope_theta, tg.rope_theta):
+        bad.append(f"rope theta: drafter {hp.rope_theta}, target {tg.rope_theta}")
+    if tg.rope_scaling not in (None, "none") or tg.has_rope_freqs:
+        bad.append(f"target uses RoPE scaling ({tg.rope_scaling or 'rope_freqs.weight'}): not supported yet")
+    if hp.config_block_count is not None and hp.config_block_count != tg.block_count:
+        bad.append(f"block_count: snapshot config num_hidden_layers {hp.config_block_count}, "
+                   f"target {tg.block_count}")
+    if bad:
+        raise MismatchError(f"drafter does not match target {tg.path}:\n  - " + "\n  - ".join(bad))
+    rope = "NORM (K rows permuted; runtime un-permutes, spec §18)" if tg.arch in NORM_ROPE_ARCHS else "not NORM-permuted"
+    log.info("target GGUF matches the drafter; target arch %s: %s", tg.arch, rope)
