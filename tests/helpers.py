@@ -1,0 +1,53 @@
+"""Small helpers shared by tests (not fixtures): GGUF rewriting for bad-input tests."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+import gguf
+import numpy as np
+
+
+def rewrite_gguf(src: Path, dst: Path, *, kv: Optional[dict] = None, drop_tensors: tuple = (),
+                 tensor_fn: Optional[Callable[[str, np.ndarray], np.ndarray]] = None, arch: Optional[str] = None) -> Path:
+    """Copy a GGUF, overriding u32/f32/str metadata (``kv``), dropping or transforming tensors."""
+    r = gguf.GGUFReader(str(src))
+    a = arch or str(bytes(r.fields["general.architecture"].parts[-1]), "utf-8")
+    w = gguf.GGUFWriter(str(dst), a)
+    kv = dict(kv or {})
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if name in kv:
+            continue
+        t = f.types[0]
+        if t == gguf.GGUFValueType.STRING:
+            w.add_string(name, str(bytes(f.parts[-1]), "utf-8"))
+        elif t == gguf.GGUFValueType.UINT32:
+            w.add_uint32(name, int(f.parts[-1][0]))
+        elif t == gguf.GGUFValueType.FLOAT32:
+            w.add_float32(name, float(f.parts[-1][0]))
+        elif t == gguf.GGUFValueType.BOOL:
+            w.add_bool(name, bool(f.parts[-1][0]))
+    for name, v in kv.items():
+        if isinstance(v, str):
+            w.add_string(name, v)
+        elif isinstance(v, float):
+            w.add_float32(name, v)
+        else:
+            w.add_uint32(name, int(v))
+    for t in r.tensors:
+        if t.name in drop_tensors:
+            continue
+        data = np.array(t.data)
+        if tensor_fn is not None:
+            data = tensor_fn(t.name, data)
+        if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16) or data.dtype != np.uint8:
+            w.add_tensor(t.name, data)
+        else:
+            w.add_tensor(t.name, data, raw_shape=data.shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst

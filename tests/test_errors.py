@@ -1,0 +1,162 @@
+"""Bad input raises a clear Python exception and never aborts the process."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import rewrite_gguf
+from moa_cpp.convert import convert
+from moa_cpp.drafter import Drafter, DrafterModel
+from moa_cpp.errors import (CacheFullError, FormatError, InvalidArgumentError, MismatchError, MoaError,
+                            MoaIOError)
+
+
+@pytest.fixture(scope="module")
+def drafter_f32(fixture_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("err") / "drafter-f32.gguf"
+    return convert(fixture_dir / "drafter_hf", out, outtype="f32", target_gguf=fixture_dir / "target-f32.gguf",
+                   progress=False)
+
+
+@pytest.fixture(scope="module")
+def target_path(fixture_dir):
+    return fixture_dir / "target-f32.gguf"
+
+
+def test_missing_file(tmp_path, target_path):
+    with pytest.raises(MoaIOError, match="not found"):
+        DrafterModel(tmp_path / "nope.gguf", target_path)
+
+
+@pytest.mark.parametrize("keep", [0, 10, 100, 4096, -1000])
+def test_truncated_drafter(drafter_f32, target_path, tmp_path, keep):
+    data = drafter_f32.read_bytes()
+    bad = tmp_path / "trunc.gguf"
+    bad.write_bytes(data[:keep] if keep >= 0 else data[:keep])
+    with pytest.raises(FormatError, match="truncated|not a valid GGUF"):
+        DrafterModel(bad, target_path)
+
+
+def test_truncated_target(drafter_f32, target_path, tmp_path):
+    bad = tmp_path / "target-trunc.gguf"
+    bad.write_bytes(target_path.read_bytes()[:-4096])
+    with pytest.raises(FormatError, match="truncated"):
+        DrafterModel(drafter_f32, bad)
+
+
+def test_garbage_file(tmp_path, target_path):
+    bad = tmp_path / "garbage.gguf"
+    bad.write_bytes(b"GGUF" + bytes(range(256)) * 10)
+    with pytest.raises(FormatError):
+        DrafterModel(bad, target_path)
+
+
+def test_foreign_architecture(target_path):
+    # a llama target GGUF passed as the drafter
+    with pytest.raises(FormatError, match="architecture 'llama'"):
+        DrafterModel(target_path, target_path)
+
+
+def test_drafter_passed_as_target(drafter_f32):
+    with pytest.raises(FormatError, match="not a target"):
+        DrafterModel(drafter_f32, drafter_f32)
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("moa.vocab_size", 32000, "vocabulary"),
+    ("moa.target.block_count", 7, "layer count"),
+    ("moa.target.head_count_kv", 4, "KV heads|lsa.embedding_length"),
+    ("moa.embedding_length", 128, "width|shape"),
+])
+def test_drafter_target_mismatch(drafter_f32, target_path, tmp_path, key, value, match):
+    bad = rewrite_gguf(drafter_f32, tmp_path / "bad.gguf", kv={key: value})
+    with pytest.raises((MismatchError, FormatError), match=match):
+        DrafterModel(bad, target_path)
+
+
+def test_head_dim_mismatch(drafter_f32, target_path, tmp_path):
+    # consistent drafter (W = 2 * 4 * 8 = 64) for a target with head dim 8: mismatch, not format
+    bad = rewrite_gguf(drafter_f32, tmp_path / "hd.gguf", kv={"moa.target.key_length": 8, "moa.target.head_count_kv": 4})
+    with pytest.raises(MismatchError, match="head dim"):
+        DrafterModel(bad, target_path)
+
+
+def test_missing_tensor(drafter_f32, target_path, tmp_path):
+    bad = rewrite_gguf(drafter_f32, tmp_path / "miss.gguf", drop_tensors=("ca.attn_k.weight",))
+    with pytest.raises(FormatError, match="missing tensor 'ca.attn_k.weight'"):
+        DrafterModel(bad, target_path)
+
+
+def test_wrong_dtype(drafter_f32, target_path, tmp_path):
+    bad = rewrite_gguf(drafter_f32, tmp_path / "dtype.gguf",
+                       tensor_fn=lambda n, a: a.astype(np.float16) if n == "sa.attn_norm.weight" else a)
+    with pytest.raises(FormatError, match="must be F32"):
+        DrafterModel(bad, target_path)
+    bad2 = rewrite_gguf(drafter_f32, tmp_path / "dtype2.gguf",
+                        tensor_fn=lambda n, a: a.astype(np.int32) if n == "sa.attn_q.weight" else a)
+    with pytest.raises(FormatError, match="unsupported type"):
+        DrafterModel(bad2, target_path)
+
+
+def test_unsupported_tli_and_layout(drafter_f32, target_path, tmp_path):
+    bad = rewrite_gguf(drafter_f32, tmp_path / "layout.gguf", kv={"moa.lsa.input_layout": "llama_interleaved"})
+    with pytest.raises(FormatError, match="input_layout"):
+        DrafterModel(bad, target_path)
+
+
+def test_unknown_device(drafter_f32, target_path):
+    with pytest.raises(InvalidArgumentError, match="unknown device"):
+        DrafterModel(drafter_f32, target_path, device="NoSuchGPU7")
+
+
+def test_target_required(drafter_f32):
+    with pytest.raises(InvalidArgumentError, match="target GGUF is required"):
+        DrafterModel(drafter_f32, None)
+
+
+def test_bad_calls_raise(drafter_f32, target_path, fixture_dir):
+    g = np.load(fixture_dir / "golden.npz")
+    d = Drafter(drafter_f32, target_path, n_ctx=32, n_draft_max=4)
+    with pytest.raises(InvalidArgumentError, match="commit at least one"):
+        d.draft([1], [0], [-1])
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        d.commit(np.zeros((3, 5, 64), np.float32))
+    with pytest.raises(InvalidArgumentError, match="pos0"):
+        d.commit(g["lsa_in"], 3)
+    with pytest.raises(CacheFullError, match="n_ctx"):
+        d.commit(np.concatenate([g["lsa_in"]] * 3), 0)
+    assert d.n_ca == 0
+    d.commit(g["lsa_in"], 0)
+    S = g["prompt_ids"].size
+    with pytest.raises(InvalidArgumentError, match="out of range"):
+        d.draft([10**6], [S], [-1])
+    with pytest.raises(InvalidArgumentError, match="parent"):
+        d.draft([5], [S], [3])
+    d.draft([5], [S], [-1], feed=g["prompt_ids"])
+    with pytest.raises(InvalidArgumentError, match="pending"):
+        d.draft([6], [S + 1], [0], feed=[7])
+    with pytest.raises(CacheFullError, match="n_draft_max"):
+        d.draft([1, 2, 3, 4], [S + 1] * 4, [0, 0, 0, 0])
+    # the state is still usable after every failure
+    out = d.draft([6], [S + 1], [0])
+    assert out.shape == (1, d.model.n_vocab) and np.isfinite(out).all()
+    d.rollback(S)
+    assert (d.n_ca, d.n_sa, d.n_drafts) == (S, S, 0)
+
+
+def test_cli_bad_arguments(tmp_path):
+    exe = [sys.executable, "-m", "moa_cpp.cli"]
+    p = subprocess.run(exe + ["convert", str(tmp_path / "missing"), "-o", str(tmp_path / "o.gguf")],
+                       capture_output=True, text=True)
+    assert p.returncode != 0 and "error" in (p.stderr + p.stdout).lower()
+    p = subprocess.run(exe + ["convert", str(tmp_path), "-o", str(tmp_path / "o.gguf"), "--outtype", "q3_x"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "invalid choice" in p.stderr
+    p = subprocess.run(exe + ["check-parity", str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 2 and "missing" in p.stderr
+    p = subprocess.run(exe + ["frobnicate"], capture_output=True, text=True)
+    assert p.returncode == 2
