@@ -174,13 +174,14 @@ class DrafterState:
         return out
 
     def draft(self, tokens: Sequence[int], positions: Sequence[int], parents: Optional[Sequence[int]] = None, *,
-              feed: Sequence[int] = ()) -> np.ndarray:
+              feed: Sequence[int] = (), hidden: Optional[np.ndarray] = None) -> np.ndarray:
         """One drafting call; returns logits ``[len(tokens), n_vocab]``.
 
         ``feed`` tokens are first appended to the SA context (K/V only) at positions
         ``n_sa..``; they require that no draft rows are pending. ``parents[i]`` is the parent's
         index among this cycle's draft rows (counted across calls) or -1 (default: each row's
-        parent is the previous row, i.e. a chain continuing the pending rows).
+        parent is the previous row, i.e. a chain continuing the pending rows). ``hidden``, if
+        given (float32 ``[len(tokens), n_embd]``), receives each row's CA output z.
         """
         tok = _i32(tokens, "tokens")
         pos = _i32(positions, "positions")
@@ -196,15 +197,21 @@ class DrafterState:
             if par.size != n:
                 raise InvalidArgumentError("parents must have one entry per token")
         logits = np.empty((n, self.model.n_vocab), dtype=np.float32)
+        hid = ffi.NULL
+        if hidden is not None:
+            if hidden.dtype != np.float32 or hidden.shape != (n, self.model.n_embd) or not hidden.flags.c_contiguous:
+                raise InvalidArgumentError(f"hidden must be a C-contiguous float32 array of shape [{n}, {self.model.n_embd}]")
+            hid = _ptr(hidden, "float *")
         check(lib.moa_state_draft(self._ptr, fd.size, _ptr(fd, "int32_t *"), n, _ptr(tok, "int32_t *"),
-                                  _ptr(pos, "int32_t *"), _ptr(par, "int32_t *"), _ptr(logits, "float *")))
+                                  _ptr(pos, "int32_t *"), _ptr(par, "int32_t *"), _ptr(logits, "float *"), hid))
         return logits
 
     def feed(self, tokens: Sequence[int]) -> None:
         """Append context tokens to the SA cache (K/V only), at positions ``n_sa..``."""
         fd = _i32(tokens, "tokens")
         if fd.size:
-            check(lib.moa_state_draft(self._ptr, fd.size, _ptr(fd, "int32_t *"), 0, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL))
+            check(lib.moa_state_draft(self._ptr, fd.size, _ptr(fd, "int32_t *"), 0, ffi.NULL, ffi.NULL, ffi.NULL,
+                                      ffi.NULL, ffi.NULL))
 
     def clear_drafts(self) -> None:
         """Drop this cycle's draft rows."""

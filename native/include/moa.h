@@ -123,8 +123,10 @@ MOA_API void        moa_state_free(moa_state * state);
  * lsa_in: [n_tokens][L][W], one row per target layer, head-interleaved [K_h | V_h] in HF
  * layout (what moa_capture_get returns). pos0 must be <= moa_state_n_ca (a smaller pos0
  * first truncates the CA cache). With TLI N > 0 the last N layers' K/V are also kept for
- * the TLI attention. lsa_out [n][L][W], lsa_mean [n][W], ekv [n][n_embd] are optional
- * (NULL) debug outputs. On error the caches are unchanged. */
+ * the TLI attention. A commit starts a new cycle: pending draft rows are dropped.
+ * lsa_out [n][L][W], lsa_mean [n][W], ekv [n][n_embd] are optional
+ * (NULL) debug outputs. Validation errors leave the caches unchanged; after a backend
+ * failure the CA cache holds the entries written before it. */
 MOA_API int32_t     moa_state_commit(moa_state * state, const float * lsa_in, int32_t n_tokens, moa_pos pos0,
                                      float * lsa_out, float * lsa_mean, float * ekv);
 
@@ -135,11 +137,15 @@ MOA_API int32_t     moa_state_commit(moa_state * state, const float * lsa_in, in
  * parents[i] is the index of the row's parent among this cycle's draft rows (0 = first draft
  * row of the cycle, counted across calls), or -1 if the row attaches directly to the
  * context. A parent must come from an earlier call or an earlier row of this call.
- * logits: [n_draft][moa_model_n_vocab] (may be NULL when n_draft == 0). */
+ * With TLI N > 0 the CA output then runs through the target's last N layers (attending to
+ * the target's K/V of verified tokens plus the rows on the path) and output_norm.
+ * logits: [n_draft][moa_model_n_vocab] (may be NULL when n_draft == 0).
+ * hidden: optional [n_draft][n_embd] output, the CA output z of each row (the state the
+ * drafter was trained to regress; at TLI 0 the LM head input). */
 MOA_API int32_t     moa_state_draft(moa_state * state,
                                     int32_t n_feed, const moa_token * feed_tokens,
                                     int32_t n_draft, const moa_token * tokens, const moa_pos * pos,
-                                    const int32_t * parents, float * logits);
+                                    const int32_t * parents, float * logits, float * hidden);
 
 /* Drop this cycle's draft rows (SA scratch slots). */
 MOA_API int32_t     moa_state_clear_drafts(moa_state * state);

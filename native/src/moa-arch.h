@@ -25,6 +25,7 @@ constexpr const char * TLI                = "moa.target_layer_inference";
 constexpr const char * TARGET_BLOCK_COUNT = "moa.target.block_count";
 constexpr const char * TARGET_HEAD_KV     = "moa.target.head_count_kv";
 constexpr const char * TARGET_KEY_LENGTH  = "moa.target.key_length";
+constexpr const char * TARGET_ARCH        = "moa.target.architecture";
 constexpr const char * SA_HEAD_KV         = "moa.sa.head_count_kv";
 constexpr const char * SA_FFN             = "moa.sa.feed_forward_length";
 constexpr const char * CA_HEAD_KV         = "moa.ca.head_count_kv";

@@ -3,7 +3,11 @@
 #include <cmath>
 
 ggml_tensor * moa_build_norm(const moa_graph & g, ggml_tensor * x, ggml_tensor * w) {
-    return ggml_mul(g.ctx, ggml_rms_norm(g.ctx, x, g.hp.rms_eps), w);
+    return moa_build_norm_eps(g, x, w, g.hp.rms_eps);
+}
+
+ggml_tensor * moa_build_norm_eps(const moa_graph & g, ggml_tensor * x, ggml_tensor * w, float eps) {
+    return ggml_mul(g.ctx, ggml_rms_norm(g.ctx, x, eps), w);
 }
 
 ggml_tensor * moa_build_ffn(const moa_graph & g, const moa_layer & L, ggml_tensor * x) {
@@ -14,9 +18,52 @@ ggml_tensor * moa_build_ffn(const moa_graph & g, const moa_layer & L, ggml_tenso
 }
 
 ggml_tensor * moa_build_rope(const moa_graph & g, ggml_tensor * x, ggml_tensor * pos) {
+    return moa_build_rope_ext(g, x, pos, (int) x->ne[0], g.hp.rope_base);
+}
+
+ggml_tensor * moa_build_rope_ext(const moa_graph & g, ggml_tensor * x, ggml_tensor * pos, int n_dims, float base) {
     // freq_scale 1, no YaRN extension: plain theta^(-2i/D) frequencies (§16).
-    return ggml_rope_ext(g.ctx, x, pos, nullptr, (int) x->ne[0], GGML_ROPE_TYPE_NEOX, 0, g.hp.rope_base, 1.0f,
-                         0.0f, 1.0f, 0.0f, 0.0f);
+    return ggml_rope_ext(g.ctx, x, pos, nullptr, n_dims, GGML_ROPE_TYPE_NEOX, 0, base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+}
+
+void moa_store_kv(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * kc, ggml_tensor * vc, ggml_tensor * k,
+                  ggml_tensor * v, int64_t s0) {
+    const int64_t n = k->ne[2];
+    ggml_tensor * kdst = ggml_view_3d(ctx, kc, kc->ne[0], kc->ne[1], n, kc->nb[1], kc->nb[2], s0 * kc->nb[2]);
+    ggml_tensor * vdst = ggml_view_2d(ctx, vc, n, vc->ne[1], vc->nb[1], s0 * ggml_element_size(vc));
+    // Expanding the copies first orders them before any attention that reads the cache.
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, k, kdst));
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_transpose(ctx, v), vdst));
+}
+
+ggml_tensor * moa_view_k(ggml_context * ctx, ggml_tensor * kc, int64_t n) {
+    return ggml_view_3d(ctx, kc, kc->ne[0], n, kc->ne[1], kc->nb[2], kc->nb[1], 0);
+}
+
+ggml_tensor * moa_view_v(ggml_context * ctx, ggml_tensor * vc, int64_t n, int64_t D) {
+    return ggml_view_3d(ctx, vc, n, D, vc->ne[1] / D, vc->nb[1], vc->nb[1] * D, 0);
+}
+
+// ref: §10.3 (train-consistent TLI): the reused target layer attends to the target's own K/V
+// of verified tokens plus the k/v of the drafted rows on this row's path.
+ggml_tensor * moa_build_tli_layer(const moa_graph & g, ggml_cgraph * gf, const moa_layer & L, ggml_tensor * x,
+                                  ggml_tensor * pos, ggml_tensor * kc, ggml_tensor * vc, int64_t s0, int64_t n_kv,
+                                  ggml_tensor * mask) {
+    ggml_context * ctx = g.ctx;
+    const moa_hparams & hp = g.hp;
+    const int64_t D = kc->ne[0], Hkv = kc->ne[1], nd = x->ne[1];
+    ggml_tensor * a = moa_build_norm_eps(g, x, L.attn_norm, hp.t_rms_eps);                    // [d, nd]
+    ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L.wq, a), D, hp.t_n_head, nd);   // [D, H_t, nd]
+    ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L.wk, a), D, Hkv, nd);           // [D, H_kv, nd]
+    q = moa_build_rope_ext(g, q, pos, hp.t_rope_dims, hp.t_rope_base);
+    k = moa_build_rope_ext(g, k, pos, hp.t_rope_dims, hp.t_rope_base);
+    ggml_tensor * v = ggml_mul_mat(ctx, L.wv, a);                                             // [D*H_kv, nd]
+    moa_store_kv(ctx, gf, kc, vc, k, v, s0);
+    q = ggml_permute(ctx, q, 0, 2, 1, 3);                                                     // [D, nd, H_t]
+    ggml_tensor * o = moa_build_attn(g, q, moa_view_k(ctx, kc, n_kv), moa_view_v(ctx, vc, n_kv, D), mask,
+                                     1.0f / std::sqrt((float) D));                            // [D*H_t, nd]
+    ggml_tensor * h = ggml_add(ctx, x, ggml_mul_mat(ctx, L.wo, o));                           // [d, nd]
+    return ggml_add(ctx, h, moa_build_ffn(g, L, moa_build_norm_eps(g, h, L.ffn_norm, hp.t_rms_eps)));
 }
 
 ggml_tensor * moa_build_attn(const moa_graph & g, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v_t,
@@ -24,7 +71,7 @@ ggml_tensor * moa_build_attn(const moa_graph & g, ggml_tensor * q, ggml_tensor *
     ggml_context * ctx = g.ctx;
     ggml_tensor * kq = ggml_mul_mat(ctx, k, q);                         // [n_kv, n_q, H, B]
     // F32 accumulation regardless of backend defaults (parity with the F32 reference).
-    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
+    ggml_prec_set_acc(kq, GGML_PREC_F32);
     kq = ggml_soft_max_ext(ctx, kq, mask, scale, 0.0f);                 // [n_kv, n_q, H, B]
     ggml_tensor * kqv = ggml_mul_mat(ctx, v_t, kq);                     // [D, n_q, H, B]
     kqv = ggml_permute(ctx, kqv, 0, 2, 1, 3);                           // [D, H, n_q, B]

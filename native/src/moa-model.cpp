@@ -233,8 +233,26 @@ moa_model::~moa_model() {
 // Copy tensors (by name) from a GGUF file into freshly allocated backend tensors.
 // On a CPU device with use_mmap, tensors are views into a read-only mapping instead
 // (no second copy of e.g. a 262K-row embedding).
+// Rows of a llama-arch attn_q / attn_k weight are permuted per head by llama.cpp's converter
+// (GGUF row 2i+j holds HF row j*D/2+i, ref §18.1); undo it so the reused layers can run NEOX
+// RoPE on HF-ordered q/k, consistent with the HF-layout K the capture delivers.
+static void unpermute_rows(std::vector<uint8_t> & data, const ggml_tensor * t, int64_t head_dim) {
+    const size_t row = ggml_row_size(t->type, t->ne[0]);
+    const int64_t n_rows = t->ne[1];
+    std::vector<uint8_t> out(data.size());
+    for (int64_t h = 0; h < n_rows / head_dim; ++h) {
+        for (int64_t i = 0; i < head_dim / 2; ++i) {
+            for (int64_t j = 0; j < 2; ++j) {
+                const int64_t src = h * head_dim + 2 * i + j, dst = h * head_dim + j * (head_dim / 2) + i;
+                std::memcpy(out.data() + dst * row, data.data() + src * row, row);
+            }
+        }
+    }
+    data.swap(out);
+}
+
 static void load_tensors(moa_model & m, const gguf_file & f, const std::vector<std::pair<std::string, ggml_tensor **>> & list,
-                         const std::string & name_prefix, bool use_mmap) {
+                         const std::string & name_prefix, bool use_mmap, int64_t unpermute_head_dim = 0) {
     if (list.empty()) return;
     ggml_init_params ip = {ggml_tensor_overhead() * (list.size() + 1), nullptr, true};
     ggml_context * ctx = ggml_init(ip);
@@ -283,6 +301,9 @@ static void load_tensors(moa_model & m, const gguf_file & f, const std::vector<s
     for (auto & [t, name] : made) {
         tmp.resize(ggml_nbytes(t));
         read_at(f.path, f.offset_of(name), tmp.data(), tmp.size());
+        const bool is_qk = name.find(".attn_q.weight") != std::string::npos ||
+                           name.find(".attn_k.weight") != std::string::npos;
+        if (unpermute_head_dim > 0 && is_qk) unpermute_rows(tmp, t, unpermute_head_dim);
         ggml_backend_tensor_set(t, tmp.data(), 0, tmp.size());
     }
 }
@@ -344,9 +365,7 @@ moa_model * moa_model_load_impl(const char * drafter_path, const char * target_p
     if (hp.lsa_width != 2 * hp.target_n_kv * hp.target_head_dim) {
         problems.push_back("moa.lsa.embedding_length must equal 2 * moa.target.head_count_kv * moa.target.key_length");
     }
-    if (hp.tli != 0) {
-        problems.push_back("target layer inference (TLI) N > 0 is not supported by this build; use TLI 0");
-    }
+    if (hp.tli < 0) problems.push_back("target layer inference N must be >= 0");
     {
         const std::string layout = df.str(K::ROPE_QK_LAYOUT, "neox");
         if (layout != "neox") problems.push_back("moa.rope.qk_layout '" + layout + "' is not supported (expected 'neox')");
@@ -470,6 +489,56 @@ report:
         }
     }
 
+    // TLI N > 0: the target's last N decoder layers + output_norm, llama family only (ref §10.3).
+    std::vector<std::string> tli_names;
+    const std::string tsrc_prefix = target_path ? "" : tp;
+    if (hp.tli > 0) {
+        const std::string tarch = src->str((tsrc_prefix.empty() ? "general.architecture" : K::TARGET_ARCH), "llama");
+        std::vector<std::string> bad;
+        if (tarch != "llama") {
+            bad.push_back("TLI N > 0 needs a llama-architecture target (got '" + tarch + "')");
+        }
+        if (hp.tli >= hp.n_target_layers) bad.push_back("TLI N must be below the target layer count");
+        if (!bad.empty()) goto tli_report;
+        {
+            const std::string ak = tarch + ".";
+            const gguf_file & tsf = *src;
+            hp.t_n_head    = (int32_t) tsf.integer((ak + "attention.head_count").c_str(), 0);
+            hp.t_rms_eps   = (float) tsf.real((ak + "attention.layer_norm_rms_epsilon").c_str(), 1e-5);
+            hp.t_rope_base = (float) tsf.real((ak + "rope.freq_base").c_str(), 10000.0);
+            hp.t_rope_dims = (int32_t) tsf.integer((ak + "rope.dimension_count").c_str(), hp.target_head_dim);
+            const std::string scaling = tsf.str((ak + "rope.scaling.type").c_str(), "none");
+            if (scaling != "none" || tsf.tensor(tsrc_prefix + "rope_freqs.weight")) {
+                bad.push_back("TLI with RoPE scaling / rope_freqs (Llama-3.1 style) is not supported yet");
+            }
+            if (hp.t_n_head <= 0 || hp.t_n_head % hp.target_n_kv) bad.push_back("target head counts are inconsistent");
+            const int64_t d = hp.n_embd, D = hp.target_head_dim;
+            for (int32_t l = hp.n_target_layers - hp.tli; l < hp.n_target_layers; ++l) {
+                const std::string b = tsrc_prefix + "blk." + std::to_string(l) + ".";
+                const int64_t ff = tsf.tensor(b + "ffn_up.weight") ? tsf.tensor(b + "ffn_up.weight")->ne[1] : 0;
+                expect_shape(tsf, b + "attn_norm.weight", d, 1, true, bad);
+                expect_shape(tsf, b + "attn_q.weight", d, hp.t_n_head * D, false, bad);
+                expect_shape(tsf, b + "attn_k.weight", d, hp.target_n_kv * D, false, bad);
+                expect_shape(tsf, b + "attn_v.weight", d, hp.target_n_kv * D, false, bad);
+                expect_shape(tsf, b + "attn_output.weight", hp.t_n_head * D, d, false, bad);
+                expect_shape(tsf, b + "ffn_norm.weight", d, 1, true, bad);
+                expect_shape(tsf, b + "ffn_gate.weight", d, ff, false, bad);
+                expect_shape(tsf, b + "ffn_up.weight", d, ff, false, bad);
+                expect_shape(tsf, b + "ffn_down.weight", ff, d, false, bad);
+                for (const char * bias : {"attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"}) {
+                    if (tsf.tensor(b + bias)) bad.push_back("target layer biases are not supported for TLI");
+                }
+            }
+            expect_shape(tsf, tsrc_prefix + "output_norm.weight", d, 1, true, bad);
+        }
+    tli_report:
+        if (!bad.empty()) {
+            std::string msg = "cannot run target layer inference N=" + std::to_string(hp.tli) + ":";
+            for (auto & p : bad) msg += "\n  - " + p;
+            moa_throw(MOA_ERR_MISMATCH, "%s", msg.c_str());
+        }
+    }
+
     // Backend.
     m->dev = pick_device(params.device);
     if (!m->dev) moa_throw(MOA_ERR_BACKEND, "no ggml backend device available");
@@ -528,6 +597,26 @@ report:
     if (!draft_head) {
         m->output = target_out ? target_out : m->tok_embd;
         hp.n_vocab = hp.n_vocab_target;
+    }
+    if (hp.tli > 0) {
+        // Copied (not mapped): their q/k rows are rewritten to HF order.
+        m->tli.resize(hp.tli);
+        std::vector<std::pair<std::string, ggml_tensor **>> ll;
+        for (int32_t i = 0; i < hp.tli; ++i) {
+            const std::string b = tsrc_prefix + "blk." + std::to_string(hp.n_target_layers - hp.tli + i) + ".";
+            moa_layer & L = m->tli[i];
+            ll.push_back({b + "attn_norm.weight", &L.attn_norm});
+            ll.push_back({b + "attn_q.weight", &L.wq});
+            ll.push_back({b + "attn_k.weight", &L.wk});
+            ll.push_back({b + "attn_v.weight", &L.wv});
+            ll.push_back({b + "attn_output.weight", &L.wo});
+            ll.push_back({b + "ffn_norm.weight", &L.ffn_norm});
+            ll.push_back({b + "ffn_gate.weight", &L.ffn_gate});
+            ll.push_back({b + "ffn_up.weight", &L.ffn_up});
+            ll.push_back({b + "ffn_down.weight", &L.ffn_down});
+        }
+        ll.push_back({tsrc_prefix + "output_norm.weight", &m->output_norm});
+        load_tensors(*m, *src, ll, "target.", false, hp.target_head_dim);
     }
 
     MOA_LOG_INFO("moa: loaded drafter '%s' on %s: d=%d H=%d D=%d L=%d W=%d vocab=%d tli=%d",

@@ -35,6 +35,11 @@ struct moa_hparams {
     int32_t n_vocab_target = 0;
     int32_t n_vocab        = 0;   // rows of the drafter's logits (< target vocab with a reduced head)
     int32_t tli            = 0;
+    // target decoder layers reused at TLI N > 0 (llama family; ref §10.3)
+    int32_t t_n_head     = 0;
+    int32_t t_rope_dims  = 0;
+    float   t_rms_eps    = 1e-5f;
+    float   t_rope_base  = 10000.0f;
 };
 
 // One pre-norm Llama-style decoder layer (SA, CA or LSA).
@@ -53,6 +58,10 @@ struct moa_model {
     ggml_tensor * tok_embd = nullptr; // [d, V_target]  (target's, possibly quantized)
     ggml_tensor * output   = nullptr; // [d, n_vocab]   (target LM head, or the reduced draft head)
     std::vector<int32_t> d2t;         // reduced vocabulary: draft id -> target id
+    // TLI N > 0: the target's last N layers (q/k rows un-permuted to HF order, so K uses NEOX
+    // RoPE like the captured HF-layout K) and its output_norm.
+    std::vector<moa_layer> tli;
+    ggml_tensor * output_norm = nullptr;
 
     // backend
     ggml_backend_dev_t dev = nullptr;

@@ -32,7 +32,7 @@ moa_state::moa_state(const moa_model & model, const moa_state_params & p) : m(mo
     if (n_ctx <= 0 || n_draft_max <= 0 || n_batch <= 0) {
         moa_throw(MOA_ERR_INVALID_ARGUMENT, "moa_state_params: n_ctx, n_draft_max and n_batch must be > 0");
     }
-    ggml_init_params ip = {ggml_tensor_overhead() * 8, nullptr, true};
+    ggml_init_params ip = {ggml_tensor_overhead() * (8 + 2 * m.tli.size()), nullptr, true};
     ctx_cache = ggml_init(ip);
     if (!ctx_cache) moa_throw(MOA_ERR_OUT_OF_MEMORY, "ggml_init failed");
     const int64_t D = hp.head_dim, n_sa_slots = (int64_t) n_ctx + n_draft_max;
@@ -44,6 +44,11 @@ moa_state::moa_state(const moa_model & model, const moa_state_params & p) : m(mo
     ggml_set_name(ca_v, "cache_ca_v");
     ggml_set_name(sa_k, "cache_sa_k");
     ggml_set_name(sa_v, "cache_sa_v");
+    for (size_t i = 0; i < m.tli.size(); ++i) {
+        const int64_t Dt = hp.target_head_dim, Hkv = hp.target_n_kv;
+        tli_k.push_back(ggml_new_tensor_3d(ctx_cache, GGML_TYPE_F32, Dt, Hkv, n_sa_slots));
+        tli_v.push_back(ggml_new_tensor_2d(ctx_cache, GGML_TYPE_F32, n_sa_slots, Dt * Hkv));
+    }
     buf_cache = ggml_backend_alloc_ctx_tensors(ctx_cache, m.backend);
     if (!buf_cache) moa_throw(MOA_ERR_OUT_OF_MEMORY, "cannot allocate the drafter caches (n_ctx %d) on %s", n_ctx, m.device_name.c_str());
     // Zero so that no view ever sees uninitialised (possibly NaN) memory.
@@ -82,25 +87,6 @@ ggml_tensor * input(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1
     return t;
 }
 
-// Write n new entries (k: [D, h, n], v: [D*h, n]) at slots s0.. of a (K, transposed V) cache.
-void store_kv(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * kc, ggml_tensor * vc, ggml_tensor * k, ggml_tensor * v,
-              int64_t s0) {
-    const int64_t n = k->ne[2];
-    ggml_tensor * kdst = ggml_view_3d(ctx, kc, kc->ne[0], kc->ne[1], n, kc->nb[1], kc->nb[2], s0 * kc->nb[2]);
-    ggml_tensor * vdst = ggml_view_2d(ctx, vc, n, vc->ne[1], vc->nb[1], s0 * ggml_element_size(vc));
-    // Expanding the copies first orders them before any attention that reads the cache.
-    ggml_build_forward_expand(gf, ggml_cpy(ctx, k, kdst));
-    ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_transpose(ctx, v), vdst));
-}
-
-// Attention views of the first n slots: K [D, n, h], V [n, D, h].
-ggml_tensor * view_k(ggml_context * ctx, ggml_tensor * kc, int64_t n) {
-    return ggml_view_3d(ctx, kc, kc->ne[0], n, kc->ne[1], kc->nb[2], kc->nb[1], 0);
-}
-ggml_tensor * view_v(ggml_context * ctx, ggml_tensor * vc, int64_t n, int64_t D) {
-    return ggml_view_3d(ctx, vc, n, D, vc->ne[1] / D, vc->nb[1], vc->nb[1] * D, 0);
-}
-
 void compute(ggml_backend_sched_t sched, ggml_cgraph * gf) {
     if (ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
         moa_throw(MOA_ERR_BACKEND, "ggml graph compute failed");
@@ -125,6 +111,9 @@ void moa_state::commit(const float * lsa_in, int32_t n_tokens, moa_pos pos0, flo
         moa_throw(MOA_ERR_CACHE_FULL, "commit: positions up to %d exceed the state's n_ctx %d", pos0 + n_tokens, n_ctx);
     }
     const int64_t L = hp.n_target_layers, W = hp.lsa_width, d = hp.n_embd, D = hp.head_dim;
+    // A commit starts a new cycle: pending draft rows (whose TLI scratch slots follow n_ca)
+    // are dropped.
+    draft_parent.clear();
     // A smaller pos0 truncates first. n_ca advances after each complete chunk, so after a
     // (backend) failure the cache holds exactly the entries that were fully written.
     n_ca = pos0;
@@ -148,7 +137,18 @@ void moa_state::commit(const float * lsa_in, int32_t n_tokens, moa_pos pos0, flo
             if (lsa_out) { ggml_set_output(y); ggml_build_forward_expand(gc.gf, y); }
             if (lsa_mean) { ggml_set_output(mean); ggml_build_forward_expand(gc.gf, mean); }
             if (ekv) { ggml_set_output(e); ggml_build_forward_expand(gc.gf, e); }
-            store_kv(ctx, gc.gf, ca_k, ca_v, k, v, n_ca);
+            moa_store_kv(ctx, gc.gf, ca_k, ca_v, k, v, n_ca);
+            // TLI: keep the target's own K/V of the reused layers (HF layout, like the weights'
+            // un-permuted q/k rows) for the drafted rows' attention.
+            const int64_t Dt = hp.target_head_dim, Hkv = hp.target_n_kv, n_tli = (int64_t) tli_k.size();
+            for (int64_t i = 0; i < n_tli; ++i) {
+                const int64_t l = L - n_tli + i;
+                const size_t es = ggml_element_size(x);
+                ggml_tensor * kl = ggml_view_3d(ctx, x, Dt, Hkv, T, 2 * Dt * es, x->nb[2], l * x->nb[1]);            // [Dt, Hkv, T]
+                ggml_tensor * vl = ggml_view_3d(ctx, x, Dt, Hkv, T, 2 * Dt * es, x->nb[2], l * x->nb[1] + Dt * es);
+                vl = ggml_reshape_2d(ctx, ggml_cont(ctx, vl), Dt * Hkv, T);                                         // [Dt*Hkv, T]
+                moa_store_kv(ctx, gc.gf, tli_k[i], tli_v[i], kl, vl, n_ca);
+            }
 
             alloc(sched, gc.gf);
             ggml_backend_tensor_set(x, lsa_in + (size_t) off * L * W, 0, ggml_nbytes(x));
@@ -170,7 +170,7 @@ void moa_state::commit(const float * lsa_in, int32_t n_tokens, moa_pos pos0, flo
 
 // ref: §7-§9 (SA, CA, LM head), §13 (tree levels as one call with an ancestor mask).
 void moa_state::draft(int32_t n_feed, const moa_token * feed, int32_t n_draft, const moa_token * tokens,
-                      const moa_pos * pos, const int32_t * parents, float * logits) {
+                      const moa_pos * pos, const int32_t * parents, float * logits, float * hidden) {
     const moa_hparams & hp = m.hp;
     if (n_feed < 0 || n_draft < 0 || n_feed + n_draft == 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: nothing to do");
     if (n_feed > 0 && !feed) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: feed_tokens is NULL");
@@ -216,9 +216,10 @@ void moa_state::draft(int32_t n_feed, const moa_token * feed, int32_t n_draft, c
     ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.sa.wk, a), D, hp.sa_n_kv, N);  // [D, h_sa, N]
     k = moa_build_rope(g, k, pos_all);
     ggml_tensor * v = ggml_mul_mat(ctx, m.sa.wv, a);                           // [D*h_sa, N]
-    store_kv(ctx, gc.gf, sa_k, sa_v, k, v, s0);
+    moa_store_kv(ctx, gc.gf, sa_k, sa_v, k, v, s0);
 
-    ggml_tensor * out = nullptr, * mask = nullptr, * pos_d = nullptr;
+    ggml_tensor * out = nullptr, * mask = nullptr, * pos_d = nullptr, * z_out = nullptr, * mask_t = nullptr;
+    const int64_t n_kv_t = (int64_t) n_ca + n_pending + n_draft;   // TLI keys: verified + draft rows
     if (n_draft > 0) {
         pos_d = input(ctx, GGML_TYPE_I32, n_draft);
         mask = input(ctx, GGML_TYPE_F32, n_kv, n_draft);                       // [n_kv, n_draft]
@@ -228,18 +229,31 @@ void moa_state::draft(int32_t n_feed, const moa_token * feed, int32_t n_draft, c
         // SA (ref §7)
         ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.sa.wq, ggml_cont(ctx, ad)), D, hp.n_head, n_draft);
         q = ggml_permute(ctx, moa_build_rope(g, q, pos_d), 0, 2, 1, 3);        // [D, nd, H]
-        ggml_tensor * o = moa_build_attn(g, q, view_k(ctx, sa_k, n_kv), view_v(ctx, sa_v, n_kv, D), mask, scale);  // [H*D, nd]
+        ggml_tensor * o = moa_build_attn(g, q, moa_view_k(ctx, sa_k, n_kv), moa_view_v(ctx, sa_v, n_kv, D), mask, scale);  // [H*D, nd]
         ggml_tensor * h = ggml_add(ctx, xd, ggml_mul_mat(ctx, m.sa.wo, o));    // [d, nd]
         h = ggml_add(ctx, h, moa_build_ffn(g, m.sa, moa_build_norm(g, h, m.sa.ffn_norm)));
         // CA (ref §8): query from the SA output at the row's own position; no mask.
         ggml_tensor * c = moa_build_norm(g, h, m.ca.attn_norm);
         ggml_tensor * qc = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.ca.wq, c), D, hp.n_head, n_draft);
         qc = ggml_permute(ctx, moa_build_rope(g, qc, pos_d), 0, 2, 1, 3);      // [D, nd, H]
-        ggml_tensor * oc = moa_build_attn(g, qc, view_k(ctx, ca_k, n_ca), view_v(ctx, ca_v, n_ca, D), nullptr, scale);
+        ggml_tensor * oc = moa_build_attn(g, qc, moa_view_k(ctx, ca_k, n_ca), moa_view_v(ctx, ca_v, n_ca, D), nullptr, scale);
         ggml_tensor * z = ggml_add(ctx, h, ggml_mul_mat(ctx, m.ca.wo, oc));    // [d, nd]
         z = ggml_add(ctx, z, moa_build_ffn(g, m.ca, moa_build_norm(g, z, m.ca.ffn_norm)));
-        // LM head on the CA output, no final norm at TLI 0 (ref §9).
-        out = ggml_mul_mat(ctx, m.output, z);                                  // [n_vocab, nd]
+        z_out = z;
+        ggml_set_output(z_out);
+        if (m.tli.empty()) {
+            // LM head on the CA output, no final norm at TLI 0 (ref §9).
+            out = ggml_mul_mat(ctx, m.output, z);                              // [n_vocab, nd]
+        } else {
+            // TLI N: z enters the target's residual stream at layer L-N (ref §10.3).
+            mask_t = input(ctx, GGML_TYPE_F32, n_kv_t, n_draft);               // [n_kv_t, nd]
+            ggml_tensor * hcur = z;
+            for (size_t i = 0; i < m.tli.size(); ++i) {
+                hcur = moa_build_tli_layer(g, gc.gf, m.tli[i], hcur, pos_d, tli_k[i], tli_v[i],
+                                           (int64_t) n_ca + n_pending, n_kv_t, mask_t);
+            }
+            out = ggml_mul_mat(ctx, m.output, moa_build_norm_eps(g, hcur, m.output_norm, hp.t_rms_eps));
+        }
         ggml_set_output(out);
         ggml_build_forward_expand(gc.gf, out);
     }
@@ -262,9 +276,19 @@ void moa_state::draft(int32_t n_feed, const moa_token * feed, int32_t n_draft, c
             for (int32_t j = n_pending + i; j >= 0; j = par[j]) row[n_ctx_rows + j] = 0.0f;
         }
         ggml_backend_tensor_set(mask, mk.data(), 0, ggml_nbytes(mask));
+        if (mask_t) {
+            std::vector<float> mt((size_t) n_kv_t * n_draft, -INFINITY);
+            for (int32_t i = 0; i < n_draft; ++i) {
+                float * row = mt.data() + (size_t) i * n_kv_t;
+                std::fill(row, row + n_ca, 0.0f);
+                for (int32_t j = n_pending + i; j >= 0; j = par[j]) row[n_ca + j] = 0.0f;
+            }
+            ggml_backend_tensor_set(mask_t, mt.data(), 0, ggml_nbytes(mask_t));
+        }
     }
     compute(sched, gc.gf);
     if (n_draft > 0) ggml_backend_tensor_get(out, logits, 0, ggml_nbytes(out));
+    if (n_draft > 0 && hidden) ggml_backend_tensor_get(z_out, hidden, 0, ggml_nbytes(z_out));
     n_sa += n_feed;
     draft_parent.insert(draft_parent.end(), parents, parents + n_draft);
 }

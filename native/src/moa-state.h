@@ -16,6 +16,10 @@ struct moa_state {
     ggml_tensor * ca_k = nullptr, * ca_v = nullptr;
     // SA cache: the context slots 0..n_sa-1 (slot == position), then this cycle's draft rows.
     ggml_tensor * sa_k = nullptr, * sa_v = nullptr;
+    // TLI N > 0: per reused target layer, K [D_t, H_kv, n_ctx + n_draft_max] and transposed V:
+    // verified positions at slot == position (from commit), this cycle's draft rows at
+    // slots n_ca + row.
+    std::vector<ggml_tensor *> tli_k, tli_v;
 
     int32_t n_ca = 0;
     int32_t n_sa = 0;
@@ -29,7 +33,7 @@ struct moa_state {
 
     void commit(const float * lsa_in, int32_t n_tokens, moa_pos pos0, float * lsa_out, float * lsa_mean, float * ekv);
     void draft(int32_t n_feed, const moa_token * feed, int32_t n_draft, const moa_token * tokens, const moa_pos * pos,
-               const int32_t * parents, float * logits);
+               const int32_t * parents, float * logits, float * hidden);
     void rollback(moa_pos pos);
     void clear_drafts() { draft_parent.clear(); }
 };

@@ -91,10 +91,11 @@ int32_t moa_state_commit(moa_state * s, const float * lsa_in, int32_t n_tokens, 
 }
 
 int32_t moa_state_draft(moa_state * s, int32_t n_feed, const moa_token * feed_tokens, int32_t n_draft,
-                        const moa_token * tokens, const moa_pos * pos, const int32_t * parents, float * logits) {
+                        const moa_token * tokens, const moa_pos * pos, const int32_t * parents, float * logits,
+                        float * hidden) {
     return moa_guard_status([&] {
         MOA_CHECK_ARG(s, "moa_state_draft: state is NULL");
-        s->draft(n_feed, feed_tokens, n_draft, tokens, pos, parents, logits);
+        s->draft(n_feed, feed_tokens, n_draft, tokens, pos, parents, logits, hidden);
         return (int32_t) MOA_OK;
     });
 }
