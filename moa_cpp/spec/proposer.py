@@ -79,6 +79,8 @@ class TreeTrace:
 class MoAProposer:
     """Drafts with a :class:`DrafterState` (chain or dynamic tree)."""
 
+    needs_capture = True   # the loop must capture the target's K/V for observe()
+
     def __init__(self, state: DrafterState, config: DraftConfig) -> None:
         self.state = state
         self.config = config
@@ -86,6 +88,14 @@ class MoAProposer:
         self._d2t = d2t  # reduced draft vocabulary -> target ids (None: identity)
         self.last_tree: Optional[TreeTrace] = None
         self.draft_rows = 0          # drafter rows run by the last propose (stats)
+
+    def reset(self) -> None:
+        """Forget everything (a new generation)."""
+        self.state.rollback(0)
+
+    def observe(self, lsa_in: np.ndarray, pos0: int) -> None:
+        """Commit verified tokens' K/V (LSA -> CA cache) at positions pos0.."""
+        self.state.commit(lsa_in, pos0)
 
     def _ids(self, draft_ids: np.ndarray) -> np.ndarray:
         return draft_ids.astype(np.int32) if self._d2t is None else self._d2t[draft_ids]

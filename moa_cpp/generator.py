@@ -1,0 +1,198 @@
+"""The public face: :class:`SpeculativeGenerator` — point it at a GGUF target and an MoA drafter
+and get the target's own output, faster.
+
+Example::
+
+    from moa_cpp import SpeculativeGenerator
+    gen = SpeculativeGenerator.from_paths("target.gguf", "drafter.gguf", draft="chain:3")
+    result = gen.generate("Write a haiku about the sea.", chat=True, max_tokens=64)
+    print(result.text, result.stats.tau, result.stats.tokens_per_s)
+    for piece in gen.stream("Once upon a time", max_tokens=32):
+        print(piece, end="", flush=True)
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence, Union
+
+import numpy as np
+
+from .drafter import DrafterModel, DrafterState
+from .spec.loop import SpeculativeLoop
+from .spec.proposer import DraftConfig, MoAProposer
+from .spec.stats import SpecStats
+from .spec.verify import SamplingParams
+from .target import Target
+
+Prompt = Union[str, Sequence[int]]
+
+
+def parse_draft(spec: Union[str, DraftConfig, None]) -> DraftConfig:
+    """"chain:N", "tree:DEPTH,TOPK,TOTAL", "none" (or a DraftConfig) -> DraftConfig."""
+    if spec is None:
+        return DraftConfig("chain", chain=3)
+    if isinstance(spec, DraftConfig):
+        return spec
+    s = spec.strip().lower()
+    if s in ("none", "off", "no-draft"):
+        return DraftConfig("none")
+    kind, _, arg = s.partition(":")
+    try:
+        if kind == "chain":
+            return DraftConfig("chain", chain=int(arg or 3))
+        if kind == "tree":
+            d, k, t = (int(x) for x in (arg or "6,8,62").split(","))
+            return DraftConfig("tree", depth=d, topk=k, total=t)
+    except ValueError as e:
+        raise ValueError(f"bad draft spec {spec!r}: {e}") from None
+    raise ValueError(f"bad draft spec {spec!r}: expected chain:N, tree:DEPTH,TOPK,TOTAL or none")
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list
+    stats: SpecStats
+    finish_reason: str
+    prompt_tokens: list = field(default_factory=list)
+
+
+class SpeculativeGenerator:
+    """Lossless speculative generation with an MoA drafter over a llama.cpp target.
+
+    Greedy output (temperature 0) is token-identical to plain greedy decoding of the target;
+    with temperature > 0 every token is distributed exactly as the target's own sampling.
+    Build with :meth:`from_paths` or :meth:`from_llama`; ``drafter=None`` decodes plainly
+    through the same loop (the comparison baseline).
+    """
+
+    def __init__(self, target: Target, drafter: Optional[DrafterModel], *, draft: Union[str, DraftConfig, None] = None,
+                 n_ctx: Optional[int] = None) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.draft = parse_draft(draft) if drafter is not None else DraftConfig("none")
+        n = n_ctx or target.n_ctx
+        self.state = (DrafterState(drafter, n_ctx=n, n_draft_max=max(1, 1 + 8 * 64), n_batch=target.n_batch)
+                      if drafter is not None else None)
+        self.proposer = MoAProposer(self.state, self.draft) if self.state is not None else None
+        self.loop = SpeculativeLoop(target, self.proposer, self.draft)
+        self.last_stats: Optional[SpecStats] = None
+
+    @classmethod
+    def from_paths(cls, target_path: Union[str, Path], drafter_path: Union[str, Path, None] = None, *,
+                   n_ctx: int = 4096, n_threads: Optional[int] = None, n_gpu_layers: int = 0, device: str = "auto",
+                   draft: Union[str, DraftConfig, None] = None, tli: Optional[int] = None) -> "SpeculativeGenerator":
+        """Open a GGUF target and (optionally) an MoA drafter GGUF."""
+        target = Target.from_path(target_path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+        drafter = (DrafterModel(drafter_path, target_path, device=device, n_threads=n_threads, tli=tli)
+                   if drafter_path is not None else None)
+        return cls(target, drafter, draft=draft)
+
+    @classmethod
+    def from_llama(cls, llm: Any, drafter_path: Union[str, Path, None] = None, *, draft: Union[str, DraftConfig, None] = None,
+                   device: str = "auto", n_threads: Optional[int] = None) -> "SpeculativeGenerator":
+        """Reuse an existing ``llama_cpp.Llama`` (its model weights; a new context is created)."""
+        target = Target.from_llama(llm, n_threads=n_threads)
+        drafter = (DrafterModel(drafter_path, llm.model_path, device=device, n_threads=n_threads)
+                   if drafter_path is not None else None)
+        return cls(target, drafter, draft=draft)
+
+    # ------------------------------------------------------------------ prompts
+
+    def encode(self, prompt: Prompt, chat: bool = False) -> list:
+        """Prompt text (optionally wrapped in the target's chat template) or ids -> ids."""
+        if not isinstance(prompt, str):
+            return [int(t) for t in prompt]
+        if chat:
+            text = self.target.apply_chat_template([{"role": "user", "content": prompt}])
+            return self.target.tokenize(text, add_bos=False, special=True).tolist()
+        return self.target.tokenize(prompt, add_bos=True, special=False).tolist()
+
+    # ------------------------------------------------------------------ generation
+
+    def stream_tokens(self, prompt: Prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
+                      top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (), chat: bool = False,
+                      draft: Union[str, DraftConfig, None] = None) -> Iterator[tuple[list, str]]:
+        """Yield ``(new token ids, new text)`` per cycle; stats in :attr:`last_stats`."""
+        ids = self.encode(prompt, chat)
+        sp = SamplingParams(temperature, top_k, top_p, seed)
+        cfg = parse_draft(draft) if draft is not None and self.proposer is not None else None
+        tokens: list = []
+        text = ""
+        stats = None
+        for ev in self.loop.run(ids, max_tokens, sp, cfg):
+            stats = ev.stats
+            if not ev.tokens:
+                continue
+            tokens += ev.tokens
+            full = self.target.detokenize(tokens)
+            hit = min((full.find(s) for s in stop if s and s in full), default=-1)
+            if hit >= 0:
+                piece = full[len(text):hit]
+                stats.finish_reason = "stop"
+                self.last_stats = stats
+                yield ev.tokens, piece
+                return
+            piece, text = full[len(text):], full
+            yield ev.tokens, piece
+        self.last_stats = stats
+
+    def stream(self, prompt: Prompt, **kw: Any) -> Iterator[str]:
+        """Yield text pieces as they are verified (see :meth:`generate` for the arguments)."""
+        for _, piece in self.stream_tokens(prompt, **kw):
+            if piece:
+                yield piece
+
+    def generate(self, prompt: Prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (), chat: bool = False,
+                 draft: Union[str, DraftConfig, None] = None) -> GenerationResult:
+        """Generate up to ``max_tokens`` tokens.
+
+        Args:
+            prompt: text or token ids.
+            temperature: 0 = greedy (lossless: identical to plain greedy decoding).
+            top_k, top_p, seed: sampling settings (temperature > 0).
+            stop: stop strings (the text is cut before the first one).
+            chat: wrap the prompt in the target GGUF's chat template.
+            draft: per-call override, e.g. "chain:5" or "tree:6,8,62".
+        """
+        tokens: list = []
+        pieces: list = []
+        for toks, piece in self.stream_tokens(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                                              top_p=top_p, seed=seed, stop=stop, chat=chat, draft=draft):
+            tokens += toks
+            pieces.append(piece)
+        st = self.last_stats
+        return GenerationResult("".join(pieces), tokens, st, st.finish_reason if st else "length",
+                                self.encode(prompt, chat))
+
+    def create_completion(self, prompt: Prompt, max_tokens: int = 16, temperature: float = 0.8, top_p: float = 0.95,
+                          top_k: int = 40, stop: Union[str, Sequence[str], None] = None, seed: Optional[int] = None,
+                          stream: bool = False, **_: Any) -> Any:
+        """Like ``llama_cpp.Llama.create_completion`` (same defaults and response shape); the
+        response also carries ``"moa"``: the speculative statistics."""
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
+        model = str(self.target.path)
+        kw = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stops)
+        if stream:
+            def chunks():
+                for _, piece in self.stream_tokens(prompt, **kw):
+                    yield {"id": cid, "object": "text_completion", "created": created, "model": model,
+                           "choices": [{"text": piece, "index": 0, "logprobs": None, "finish_reason": None}]}
+                yield {"id": cid, "object": "text_completion", "created": created, "model": model,
+                       "choices": [{"text": "", "index": 0, "logprobs": None,
+                                    "finish_reason": self.last_stats.finish_reason}]}
+            return chunks()
+        r = self.generate(prompt, **kw)
+        return {"id": cid, "object": "text_completion", "created": created, "model": model,
+                "choices": [{"text": r.text, "index": 0, "logprobs": None, "finish_reason": r.finish_reason}],
+                "usage": {"prompt_tokens": len(r.prompt_tokens), "completion_tokens": len(r.tokens),
+                          "total_tokens": len(r.prompt_tokens) + len(r.tokens)},
+                "moa": r.stats.to_dict()}
+
+    def close(self) -> None:
+        self.target.close()
