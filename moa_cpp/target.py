@@ -1,0 +1,391 @@
+"""The target model: a llama.cpp context whose every decode also captures per-layer K/V.
+
+:class:`Target` is the only place that touches llama-cpp-python (spec/style-anchors.md,
+lesson 14). It creates its **own** ``llama_context`` on the model through the low-level API,
+because ``cb_eval`` can only be set at context creation and ``Llama(...)`` does not expose it
+(spec/llama-cpp-integration.md §4.3, §8.3). The eval callback is the native
+``moa_capture_eval_cb``, so no Python runs per graph node.
+
+Example::
+
+    from moa_cpp.target import Target
+    with Target.from_path("model.gguf", n_ctx=2048) as tgt:
+        ids = tgt.tokenize("The quick brown fox")
+        logits = tgt.decode(ids)            # [len(ids), n_vocab]
+        lsa_in = tgt.captured_lsa_in()      # [len(ids), n_layer, 2*n_head_kv*head_dim]
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import llama_cpp
+import numpy as np
+
+from ._batch import LlamaBatch, SeqIds
+from ._native import check, check_ptr, ffi, lib
+from .errors import CacheFullError, InvalidArgumentError, MoaError, MoaIOError
+
+_ROPE_TYPES = {
+    llama_cpp.LLAMA_ROPE_TYPE_NONE: "none",
+    llama_cpp.LLAMA_ROPE_TYPE_NORM: "norm",
+    llama_cpp.LLAMA_ROPE_TYPE_NEOX: "neox",
+    llama_cpp.LLAMA_ROPE_TYPE_MROPE: "mrope",
+    llama_cpp.LLAMA_ROPE_TYPE_VISION: "vision",
+}
+_CACHE_TYPES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+# Architectures whose graph multiplies the token embedding by sqrt(n_embd) before layer 0
+# (src/models/gemma*.cpp: ggml_scale(inpL, sqrtf(n_embd))).
+_EMBD_SQRT_SCALED = ("gemma", "gemma2", "gemma3", "gemma3n", "gemma-embedding")
+
+_backend_ready = False
+
+
+def _default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _ensure_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
+class Target:
+    """A GGUF target model with its own context and a native K/V capture.
+
+    Use :meth:`from_path` or :meth:`from_llama`; the constructor is internal. The context is
+    created with a unified KV cache and ``n_seq_max`` sequences (tree verification), flash
+    attention off, ``n_ubatch == n_batch`` by default, and logits for every batch row.
+    Not thread-safe: one thread at a time.
+    """
+
+    def __init__(self, model: Any, path: Path, *, owns_model: bool, keep_alive: Any = None,
+                 n_ctx: int = 4096, n_batch: int = 512, n_ubatch: Optional[int] = None,
+                 n_threads: Optional[int] = None, n_seq_max: int = 64, cache_type: str = "f16",
+                 install_callback: bool = True) -> None:
+        self._model = model
+        self._owns_model = owns_model
+        self._keep_alive = keep_alive  # e.g. the llama_cpp.Llama that owns the model
+        self._ctx = None
+        self._batch: Optional[LlamaBatch] = None
+        self._cap = None
+        self.path = path
+        try:
+            self._init_context(n_ctx, n_batch, n_ubatch, n_threads, n_seq_max, cache_type, install_callback)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_path(cls, path: Union[str, os.PathLike], n_ctx: int = 4096, n_threads: Optional[int] = None,
+                  n_gpu_layers: int = 0, *, n_batch: int = 512, n_ubatch: Optional[int] = None,
+                  n_seq_max: int = 64, cache_type: str = "f16", use_mmap: bool = True,
+                  install_callback: bool = True, verbose: bool = False) -> "Target":
+        """Load a GGUF target.
+
+        Args:
+            path: the target GGUF.
+            n_ctx: KV cache cells, shared by all sequences (unified cache); llama.cpp pads it
+                (to a multiple of 256): read :attr:`n_ctx` for the real size.
+            n_threads: CPU threads (default: all usable cores).
+            n_gpu_layers: layers to offload (-1: all).
+            n_batch: max tokens per :meth:`decode`.
+            n_ubatch: tokens per graph evaluation (default ``n_batch``).
+            n_seq_max: sequence ids available for tree verification (<= n_batch: llama.cpp
+                aborts otherwise, so this is checked first).
+            cache_type: KV cache type, ``"f16"`` (llama.cpp default), ``"f32"`` or ``"q8_0"``.
+                Capture is unaffected: it reads the F32 K/V before they are cast into the cache.
+            use_mmap: map the model file.
+            install_callback: set ``cb_eval`` (False gives a plain context, for benchmarks;
+                capture is then impossible).
+            verbose: let llama.cpp log to stderr (process-wide, as in ``llama_cpp.Llama``).
+
+        Raises:
+            MoaIOError: the file does not exist.
+            MoaError: llama.cpp could not load the model or create the context.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise MoaIOError(f"target model not found: {p}")
+        _ensure_backend()
+        from llama_cpp import _logger
+        _logger.set_verbose(verbose)
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers
+        mparams.use_mmap = use_mmap
+        model = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), mparams)
+        if not model:
+            raise MoaError(f"llama.cpp could not load the model {p} (not a GGUF, unsupported architecture or "
+                           "truncated file; pass verbose=True for llama.cpp's log)")
+        return cls(model, p, owns_model=True, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+                   n_threads=n_threads, n_seq_max=n_seq_max, cache_type=cache_type,
+                   install_callback=install_callback)
+
+    @classmethod
+    def from_llama(cls, llm: "llama_cpp.Llama", *, n_ctx: Optional[int] = None, n_threads: Optional[int] = None,
+                   n_batch: int = 512, n_ubatch: Optional[int] = None, n_seq_max: int = 64,
+                   cache_type: str = "f16", install_callback: bool = True) -> "Target":
+        """Wrap the model of an existing ``llama_cpp.Llama`` (weights shared, new context).
+
+        ``llm`` is kept alive by the Target; its own context is not used.
+        """
+        return cls(llm.model, Path(llm.model_path), owns_model=False, keep_alive=llm,
+                   n_ctx=n_ctx if n_ctx is not None else llm.n_ctx(), n_batch=n_batch, n_ubatch=n_ubatch,
+                   n_threads=n_threads, n_seq_max=n_seq_max, cache_type=cache_type,
+                   install_callback=install_callback)
+
+    def _init_context(self, n_ctx: int, n_batch: int, n_ubatch: Optional[int], n_threads: Optional[int],
+                      n_seq_max: int, cache_type: str, install_callback: bool) -> None:
+        if cache_type not in _CACHE_TYPES:
+            raise InvalidArgumentError(f"cache_type must be one of {sorted(_CACHE_TYPES)}, got {cache_type!r}")
+        if n_batch <= 0 or n_ctx <= 0 or n_seq_max <= 0:
+            raise InvalidArgumentError("n_ctx, n_batch and n_seq_max must be positive")
+        if n_seq_max > n_batch:
+            # llama.cpp reserves max(n_outputs, n_seq_max) output rows and asserts (aborts the
+            # process) when that exceeds n_batch (llama-context.cpp output_reserve).
+            raise InvalidArgumentError(f"n_seq_max ({n_seq_max}) must be <= n_batch ({n_batch})")
+        n_ubatch = n_batch if n_ubatch is None else n_ubatch
+        threads = n_threads or _default_threads()
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_layer: int = llama_cpp.llama_model_n_layer(self._model)
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.n_embd: int = llama_cpp.llama_model_n_embd(self._model)
+        self.n_head: int = llama_cpp.llama_model_n_head(self._model)
+        self.n_head_kv: int = llama_cpp.llama_model_n_head_kv(self._model)
+        self.n_swa: int = llama_cpp.llama_model_n_swa(self._model)
+        self.arch: str = self.meta("general.architecture") or "?"
+        key_length = self.meta(f"{self.arch}.attention.key_length")
+        self.head_dim: int = int(key_length) if key_length else self.n_embd // self.n_head
+        rope = llama_cpp.llama_model_rope_type(self._model)
+        self.rope_type: str = _ROPE_TYPES.get(rope, f"other({rope})")
+
+        # NORM rope: llama.cpp's converter permuted the K rows per head (moa-architecture.md §18).
+        self._cap = check_ptr(lib.moa_capture_init(self.n_layer, self.rope_type == "norm"), "moa_capture_init")
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_ubatch
+        params.n_seq_max = n_seq_max
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.kv_unified = True  # coupled sequences (tree verification) need it; also keeps batch order
+        params.type_k = params.type_v = _CACHE_TYPES[cache_type]
+        params.no_perf = True
+        if install_callback:
+            # The native function itself is the callback: no Python per graph node. Both ctypes
+            # objects are kept on self so they outlive the context.
+            addr = int(ffi.cast("uintptr_t", lib.moa_capture_eval_cb))
+            self._cb = llama_cpp.ggml_backend_sched_eval_callback(addr)
+            self._cb_ud = ctypes.c_void_p(int(ffi.cast("uintptr_t", self._cap)))
+            params.cb_eval = self._cb
+            params.cb_eval_user_data = self._cb_ud
+        self._has_callback = install_callback
+        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            raise MoaError(f"llama.cpp could not create a context for {self.path} (n_ctx {n_ctx}, n_batch {n_batch})")
+        self.n_ctx: int = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_batch: int = n_batch
+        self.n_seq_max: int = n_seq_max
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = LlamaBatch(n_batch, n_seq_max)
+
+    def meta(self, key: str) -> Optional[str]:
+        """GGUF metadata value of ``key`` as a string (None if absent; truncated at 255 bytes)."""
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def lsa_width(self) -> int:
+        """W = 2 * n_head_kv * head_dim: width of one layer row of :meth:`captured_lsa_in`."""
+        return 2 * self.n_head_kv * self.head_dim
+
+    @property
+    def embd_scale(self) -> float:
+        """Factor llama.cpp applies to token_embd rows before layer 0 (Gemma: sqrt(n_embd), else 1)."""
+        return math.sqrt(self.n_embd) if self.arch in _EMBD_SQRT_SCALED else 1.0
+
+    @property
+    def n_past(self) -> int:
+        """Next position of sequence 0 (max cached position + 1; 0 when empty)."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)) + 1
+
+    @property
+    def eos_token(self) -> int:
+        return int(llama_cpp.llama_vocab_eos(self._vocab))
+
+    @property
+    def bos_token(self) -> int:
+        return int(llama_cpp.llama_vocab_bos(self._vocab))
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, ...)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, int(token)))
+
+    @property
+    def context(self) -> Any:
+        """The raw ``llama_context_p`` (for tests and diagnostics)."""
+        return self._ctx
+
+    # ------------------------------------------------------------------ text
+
+    def tokenize(self, text: Union[str, bytes], add_bos: bool = True, special: bool = False) -> np.ndarray:
+        """Token ids (int32). ``add_bos`` adds BOS only if the model's tokenizer asks for it;
+        ``special`` parses special-token text such as ``<|im_start|>``."""
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        n_max = len(data) + 16
+        for _ in range(2):
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_bos, special)
+            if n >= 0:
+                return np.ctypeslib.as_array(buf)[:n].astype(np.int32)
+            n_max = -n
+        raise MoaError("llama_tokenize failed")
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        """Text of ``tokens``; ``special`` renders special tokens."""
+        arr = (llama_cpp.llama_token * len(tokens))(*[int(t) for t in tokens])
+        size = 8 * len(tokens) + 16
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_detokenize(self._vocab, arr, len(tokens), buf, size, False, special)
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", "replace")
+            size = -n
+        raise MoaError("llama_detokenize failed")
+
+    # ------------------------------------------------------------------ decoding
+
+    def decode(self, tokens: Sequence[int], positions: Optional[Sequence[int]] = None,
+               seq_ids: Optional[SeqIds] = None, capture: bool = True) -> np.ndarray:
+        """One ``llama_decode`` of up to ``n_batch`` tokens; returns logits ``[n, n_vocab]`` (F32).
+
+        Args:
+            tokens: token ids.
+            positions: per-token positions (default: ``n_past, n_past + 1, ...``).
+            seq_ids: per-token sequence id or list of ids (default: all in sequence 0). A token
+                in several sequences is visible to all of them (tree verification, integration
+                spec §6).
+            capture: capture K/V of every row for :meth:`captured_lsa_in`. Rows captured by an
+                earlier decode are discarded either way.
+
+        Raises:
+            CacheFullError: no KV slot (llama_decode returned 1); the cache is unchanged.
+            MoaError: any other llama_decode failure (its code is in the message), or an
+                inconsistent capture.
+        """
+        if self._ctx is None:
+            raise MoaError("Target is closed")
+        toks = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        n = len(toks)
+        pos = (np.arange(n, dtype=np.int32) + self.n_past if positions is None
+               else np.asarray(positions, dtype=np.int32).reshape(-1))
+        if len(pos) != n:
+            raise InvalidArgumentError(f"decode: {len(pos)} positions for {n} tokens")
+        if n and (toks.min() < 0 or toks.max() >= self.n_vocab):
+            raise InvalidArgumentError(f"decode: token ids must be in [0, {self.n_vocab})")
+        if capture and not self._has_callback:
+            raise InvalidArgumentError("decode(capture=True) on a Target built with install_callback=False")
+        self._batch.fill(toks, pos, seq_ids)
+        lib.moa_capture_reset(self._cap)
+        lib.moa_capture_set_enabled(self._cap, capture)
+        rc = llama_cpp.llama_decode(self._ctx, self._batch.batch)
+        if rc == 1:
+            raise CacheFullError(f"llama_decode returned 1: no KV cache slot for {n} tokens (n_ctx {self.n_ctx})")
+        if rc != 0:
+            raise MoaError(f"llama_decode failed with return code {rc}", code=rc if rc < 0 else 0)
+        if capture:
+            n_rows = check(lib.moa_capture_n_rows(self._cap))
+            if n_rows != n:
+                raise MoaError(f"capture inconsistent: {n_rows} rows captured for a {n}-token decode")
+        ptr = llama_cpp.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy()
+
+    @property
+    def n_captured(self) -> int:
+        """Rows captured by the latest decode (0 if it ran with ``capture=False``)."""
+        return check(lib.moa_capture_n_rows(self._cap))
+
+    def captured_lsa_in(self, rows: Optional[Sequence[int]] = None) -> np.ndarray:
+        """LSA input ``[n_rows, n_layer, W]`` (F32) of the latest decode's batch rows ``rows``
+        (default: all), head-interleaved ``[K_h | V_h]`` in HF layout (K un-permuted for NORM
+        rope), W = 2 * n_head_kv * head_dim (moa-architecture.md §3.3)."""
+        n_avail = self.n_captured
+        idx = np.arange(n_avail, dtype=np.int32) if rows is None else np.ascontiguousarray(rows, dtype=np.int32)
+        out = np.empty((len(idx), self.n_layer, self.lsa_width), dtype=np.float32)
+        if len(idx):
+            check(lib.moa_capture_get(self._cap, ffi.cast("int32_t *", idx.ctypes.data), len(idx),
+                                      ffi.cast("float *", out.ctypes.data)))
+        return out
+
+    def captured_kv(self, rows: Optional[Sequence[int]] = None) -> tuple[np.ndarray, np.ndarray]:
+        """K and V ``[n_layer, n_head_kv, n_rows, head_dim]`` (HF layout) of the latest decode."""
+        x = self.captured_lsa_in(rows)  # [n, L, H*2D]
+        x = x.reshape(x.shape[0], self.n_layer, self.n_head_kv, 2, self.head_dim).transpose(3, 1, 2, 0, 4)
+        return np.ascontiguousarray(x[0]), np.ascontiguousarray(x[1])
+
+    def rollback(self, pos: int) -> None:
+        """Drop every cached position >= ``pos`` in every sequence."""
+        if not llama_cpp.llama_memory_seq_rm(self._mem, -1, int(pos), -1):
+            raise MoaError(f"llama_memory_seq_rm(pos >= {pos}) failed: this target's memory cannot roll back")
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Add sequence ``dst`` to the cells of ``src`` with positions in [p0, p1) (-1: open end).
+        In the unified cache this shares cells, it copies nothing."""
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
+        """Remove ``seq_id`` (-1: all) from cells with positions in [p0, p1) (-1: open end)."""
+        if not llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1):
+            raise MoaError(f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) failed")
+
+    def clear(self) -> None:
+        """Empty the KV cache (all sequences)."""
+        llama_cpp.llama_memory_clear(self._mem, True)
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Free the context, the batch, the capture and (if owned) the model. Idempotent."""
+        if self._batch is not None:
+            self._batch.free()
+            self._batch = None
+        if self._ctx is not None:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._cap is not None:  # after the context: its callback points at the capture
+            lib.moa_capture_free(self._cap)
+            self._cap = None
+        if self._model is not None and self._owns_model:
+            llama_cpp.llama_model_free(self._model)
+        self._model = None
+        self._keep_alive = None
+
+    def __enter__(self) -> "Target":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: modules may be gone
+            pass
+
+    def __repr__(self) -> str:
+        return (f"Target({self.path.name!r}, arch={self.arch}, n_layer={self.n_layer}, n_head_kv={self.n_head_kv}, "
+                f"head_dim={self.head_dim}, rope={self.rope_type}, n_ctx={getattr(self, 'n_ctx', '?')})")
