@@ -349,3 +349,80 @@ def test_hub_repo_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert all(np.array_equal(as_f32(tensors[g]), x) for g, x in src.items())
     with pytest.raises(MoaIOError, match="org/other"):
         convert("org/other", tmp_path / "x.gguf", progress=False)
+
+
+# ---------------------------------------------------------------- non-reference targets (spec §15.3)
+
+def _spec(**kw: Any) -> "DrafterSpec":
+    """A fixture-sized drafter spec (d 64, H 4, D 16, 2 KV heads, 4 layers) with overrides."""
+    from moa_cpp.random_drafter import DrafterSpec
+    base = dict(d=64, n_head=4, head_dim=16, target_kv=2, target_layers=4, rms_eps=1e-5, rope_theta=100000.0,
+                vocab_size=49152, embedding_scale=1.0, sa_kv=2, sa_ffn=96, ca_kv=2, ca_ffn=96, lsa_heads=4,
+                lsa_kv=2, lsa_ffn=64)
+    return DrafterSpec(**(base | kw))
+
+
+def _edit_config(ckpt: Path, **kw: Any) -> Path:
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.update(kw)
+    (ckpt / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}))
+    return ckpt
+
+
+def test_lsa_head_count_key(tmp_path: Path) -> None:
+    from moa_cpp.random_drafter import write_checkpoint
+    ckpt = write_checkpoint(_spec(lsa_heads=2, lsa_kv=1), tmp_path / "c")   # LSA 2 x 32, 1 KV head
+    meta, _ = read_gguf(convert(ckpt, tmp_path / "o.gguf", target_gguf=TARGET, progress=False))
+    assert (meta[Keys.LSA_HEAD_COUNT], meta[Keys.LSA_KEY_LENGTH], meta[Keys.LSA_HEAD_COUNT_KV]) == (2, 32, 1)
+    assert meta[Keys.HEAD_COUNT] == 4 and meta[Keys.LSA_WIDTH] == 64
+    # Head counts cannot be derived from shapes (spec §15.2): without the key the same tensors
+    # read as the reference 4 heads x 16 with 2 KV heads. The config key is what decides.
+    _edit_config(ckpt, layer_self_attention_num_attention_heads=None)
+    meta, _ = read_gguf(convert(ckpt, tmp_path / "h.gguf", progress=False))
+    assert (meta[Keys.LSA_HEAD_COUNT], meta[Keys.LSA_KEY_LENGTH], meta[Keys.LSA_HEAD_COUNT_KV]) == (4, 16, 2)
+    for heads, match in ((3, "W / lsa_head_count"), (64, "lsa key_length 1 is odd"), (0, "must be a positive integer"),
+                         ("2", "must be a positive integer")):
+        _edit_config(ckpt, layer_self_attention_num_attention_heads=heads)
+        with pytest.raises(FormatError, match=match):
+            convert(ckpt, tmp_path / "x.gguf", progress=False)
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_head_dim_not_d_over_h(tmp_path: Path) -> None:
+    """Gemma-like: head_dim 32 with d / H = 16, so q_proj is [128, 64] and W = 2 * 1 * 32."""
+    from moa_cpp.random_drafter import write_checkpoint
+    ckpt = write_checkpoint(_spec(head_dim=32, target_kv=1, sa_kv=1, ca_kv=1, lsa_kv=1), tmp_path / "c")
+    meta, tensors = read_gguf(convert(ckpt, tmp_path / "o.gguf", outtype="f32", progress=False))
+    assert meta[Keys.EMBEDDING_LENGTH] == 64 and meta[Keys.HEAD_COUNT] == 4
+    assert meta[Keys.KEY_LENGTH] == 32 and meta[Keys.TARGET_KEY_LENGTH] == 32
+    assert meta[Keys.TARGET_HEAD_COUNT_KV] == 1 and meta[Keys.LSA_WIDTH] == 64 and meta[Keys.LSA_KEY_LENGTH] == 16
+    assert list(tensors["sa.attn_q.weight"].shape) == [64, 128] and list(tensors["ca.attn_output.weight"].shape) == [128, 64]
+    _edit_config(ckpt, head_dim=None)          # shapes alone give the same D = q_proj.out / H
+    meta2, _ = read_gguf(convert(ckpt, tmp_path / "o2.gguf", outtype="f32", progress=False))
+    assert meta2[Keys.KEY_LENGTH] == 32
+    _edit_config(ckpt, head_dim=16)
+    with pytest.raises(FormatError, match="head_dim = 16 but sa.q_proj.out 128 != num_attention_heads 4"):
+        convert(ckpt, tmp_path / "x.gguf", progress=False)
+    _edit_config(ckpt, head_dim=32.5)
+    with pytest.raises(FormatError, match="head_dim = 32.5: must be a positive integer"):
+        convert(ckpt, tmp_path / "x.gguf", progress=False)
+    _edit_config(ckpt, head_dim=32)
+    with pytest.raises(MismatchError, match="key_length D: drafter 32, target 16"):
+        convert(ckpt, tmp_path / "x.gguf", target_gguf=TARGET, progress=False)
+
+
+def test_embedding_scale_key(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from moa_cpp.random_drafter import write_checkpoint
+    ckpt = write_checkpoint(_spec(embedding_scale=8.0), tmp_path / "c")
+    meta, _ = read_gguf(convert(ckpt, tmp_path / "o.gguf", progress=False))
+    assert meta[Keys.EMBEDDING_SCALE] == 8.0
+    with caplog.at_level("WARNING"):           # differs from the llama target's 1.0: kept, with a warning
+        meta, _ = read_gguf(convert(ckpt, tmp_path / "o.gguf", target_gguf=TARGET, progress=False))
+    assert meta[Keys.EMBEDDING_SCALE] == 8.0 and "embedding_scale 8 differs" in caplog.text
+    _edit_config(ckpt, embedding_scale=None)   # absent: the llama target's 1.0
+    meta, _ = read_gguf(convert(ckpt, tmp_path / "o.gguf", target_gguf=TARGET, progress=False))
+    assert meta[Keys.EMBEDDING_SCALE] == 1.0
+    for bad in (-1.0, 0, "x", True):
+        _edit_config(ckpt, embedding_scale=bad)
+        with pytest.raises(FormatError, match="embedding_scale"):
+            convert(ckpt, tmp_path / "x.gguf", progress=False)

@@ -49,8 +49,19 @@ def _block_count(hp: Hparams, tg: TargetInfo | None, cli: int | None) -> int:
     return 0
 
 
+def _embedding_scale(hp: Hparams, tg: TargetInfo | None) -> float:
+    """SA input scale: config ``embedding_scale`` > the target GGUF's layer-0 scale > 1.0."""
+    if hp.embedding_scale is not None:
+        log.info("embedding_scale = %g (from config.json embedding_scale)", hp.embedding_scale)
+        return hp.embedding_scale
+    if tg is not None:
+        log.info("embedding_scale = %g (layer-0 input scale of the %s target GGUF)", tg.embedding_scale, tg.arch)
+        return tg.embedding_scale
+    return 1.0  # llama / qwen2 targets feed the raw embedding row
+
+
 def _metadata(hp: Hparams, source_format: str, n_layers: int, tli: int,
-              target_arch: str | None) -> dict[str, int | float | str | bool]:
+              target_arch: str | None, embedding_scale: float) -> dict[str, int | float | str | bool]:
     md: dict[str, int | float | str | bool] = {
         Keys.FORMAT_VERSION: FORMAT_VERSION,
         Keys.EMBEDDING_LENGTH: hp.d,
@@ -60,7 +71,7 @@ def _metadata(hp: Hparams, source_format: str, n_layers: int, tli: int,
         Keys.ROPE_FREQ_BASE: hp.rope_theta,
         Keys.ROPE_QK_LAYOUT: "neox",        # HF q/k rows kept; runtime uses rotate-half RoPE
         Keys.VOCAB_SIZE: hp.vocab_size,
-        Keys.EMBEDDING_SCALE: 1.0,          # llama / qwen2 targets feed the raw embedding row
+        Keys.EMBEDDING_SCALE: embedding_scale,
         Keys.TLI: tli,
         Keys.TARGET_BLOCK_COUNT: n_layers,
         Keys.TARGET_HEAD_COUNT_KV: hp.target_kv,
@@ -107,7 +118,7 @@ def convert(src: str | os.PathLike[str], out_path: str | os.PathLike[str], outty
     if n_layers and tli >= n_layers:
         raise InvalidArgumentError(f"tli {tli}: must be below the target layer count {n_layers}")
     target_arch = tg.arch if tg else hp.config_arch
-    md = _metadata(hp, layout.source_format, n_layers, tli, target_arch)
+    md = _metadata(hp, layout.source_format, n_layers, tli, target_arch, _embedding_scale(hp, tg))
 
     encoded: list[Encoded] = []
     for g, info in tqdm(sorted(layout.tensors.items()), desc="convert", unit="tensor", disable=not progress):

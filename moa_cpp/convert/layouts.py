@@ -47,6 +47,7 @@ class Hparams:
     rms_eps: float
     rope_theta: float
     vocab_size: int
+    embedding_scale: float | None       # config embedding_scale (SA input scale), if any
     config_block_count: int | None      # snapshot config num_hidden_layers (target L), if any
     config_arch: str | None             # snapshot model_type (target architecture), if any
     sources: dict[str, str] = field(default_factory=dict)
@@ -158,6 +159,16 @@ def derive_hparams(layout: Layout, fallback: dict[str, Any] | None = None) -> Hp
         problems.append(f"{what}: not in config.json ({key}) and no target GGUF to take it from")
         return None
 
+    def positive_int(key: str) -> int | None:
+        """An optional positive-integer config key (None when absent or invalid)."""
+        v = cfg.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            problems.append(f"config.json {key} = {v!r}: must be a positive integer")
+            return None
+        return v
+
     if cfg.get("rope_scaling") is not None:
         problems.append(f"config.json rope_scaling {cfg['rope_scaling']!r}: RoPE scaling is not supported yet")
 
@@ -174,14 +185,42 @@ def derive_hparams(layout: Layout, fallback: dict[str, Any] | None = None) -> Hp
     vocab = from_config("vocab_size", "vocab_size", "vocab_size")
     d = shape("sa.attn_q.weight")[1]
     src["d"] = "sa.attn_q.weight in-features"
-    D = _div(shape("sa.attn_q.weight")[0], H, "key_length = sa.q_proj.out / head_count", problems) if H else 0
-    src["key_length"] = "sa.q_proj.out / head_count"
+    q_out = shape("sa.attn_q.weight")[0]
+    cfg_hd = positive_int("head_dim")
+    if cfg_hd is not None:
+        # Targets whose head dim is not d/H (Gemma-3: 256 vs 640/4, spec §15.3) size SA/CA by it.
+        D = cfg_hd
+        src["key_length"] = "config.json head_dim"
+        if q_out != H * D:
+            problems.append(f"config.json head_dim = {D} but sa.q_proj.out {q_out} != "
+                            f"num_attention_heads {H} * head_dim")
+            D = 0
+    elif "head_dim" in cfg and cfg["head_dim"] is not None:
+        D = 0  # invalid value, already reported
+    else:
+        D = _div(q_out, H, "key_length = sa.q_proj.out / head_count", problems) if H else 0
+        src["key_length"] = "sa.q_proj.out / head_count"
+    if H and D and H * D != d:
+        log.info("SA/CA head dim %d != d / H = %d / %d (non-reference target, spec §15.3)", D, d, H)
     W = shape("lsa.attn_q.weight")[0]
     src["lsa_width"] = "lsa.q_proj.out"
-    src["lsa_key_length"] = "lsa_width / head_count"
     src["config_block_count"] = "snapshot config num_hidden_layers (target L)"
     src["config_arch"] = "snapshot config model_type"
-    D_l = _div(W, H, "lsa key_length = W / head_count", problems) if H else 0
+    # The reference LSA uses the target's H query heads; other targets may need another count
+    # because W / H must be an even integer (SmolLM2-135M: W = 384, H = 9; spec §15.3).
+    H_l = H
+    src["lsa_head_count"] = "= head_count (reference: LSA uses the target's query heads)"
+    if cfg.get("layer_self_attention_num_attention_heads") is not None:
+        H_l = positive_int("layer_self_attention_num_attention_heads") or 0
+        src["lsa_head_count"] = "config.json layer_self_attention_num_attention_heads"
+    src["lsa_key_length"] = "lsa_width / lsa_head_count"
+    D_l = _div(W, H_l, "lsa key_length = W / lsa_head_count", problems) if H_l else 0
+    scale = cfg.get("embedding_scale")
+    if scale is not None:
+        src["embedding_scale"] = "config.json embedding_scale"
+        if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and 0 < float(scale) < float("inf")):
+            problems.append(f"config.json embedding_scale = {scale!r}: must be a positive finite number")
+            scale = None
     if D_l % 2:
         problems.append(f"lsa key_length {D_l} is odd (RoPE needs an even head dim)")
     if D and W % (2 * D):
@@ -197,20 +236,21 @@ def derive_hparams(layout: Layout, fallback: dict[str, Any] | None = None) -> Hp
         src[f"{m}_ffn"] = f"{m}.up_proj.out"
 
     if H and D and D_l:
-        for m, width, hd, kv in (("sa", d, D, sa_kv), ("ca", d, D, ca_kv), ("lsa", W, D_l, lsa_kv)):
+        for m, width, heads, hd, kv in (("sa", d, H, D, sa_kv), ("ca", d, H, D, ca_kv),
+                                        ("lsa", W, H_l, D_l, lsa_kv)):
             f = ffn[m]
             expect = {
                 "attn_norm.weight": (width,), "ffn_norm.weight": (width,),
-                "attn_q.weight": (H * hd, width), "attn_k.weight": (kv * hd, width),
-                "attn_v.weight": (kv * hd, width), "attn_output.weight": (width, H * hd),
+                "attn_q.weight": (heads * hd, width), "attn_k.weight": (kv * hd, width),
+                "attn_v.weight": (kv * hd, width), "attn_output.weight": (width, heads * hd),
                 "ffn_gate.weight": (f, width), "ffn_up.weight": (f, width), "ffn_down.weight": (width, f),
             }
             for suffix, want in expect.items():
                 g = f"{m}.{suffix}"
                 if shape(g) != want:
                     problems.append(f"{t[g].name}: shape {list(shape(g))}, expected {list(want)}")
-            if kv and H % kv:
-                problems.append(f"{m}: {H} query heads not a multiple of {kv} kv heads")
+            if kv and heads % kv:
+                problems.append(f"{m}: {heads} query heads not a multiple of {kv} kv heads")
         for g, want in (("ekv2e.weight", (d, W)), ("ekv2e.bias", (d,))):
             if shape(g) != want:
                 problems.append(f"{t[g].name}: shape {list(shape(g))}, expected {list(want)}")
@@ -232,11 +272,11 @@ def derive_hparams(layout: Layout, fallback: dict[str, Any] | None = None) -> Hp
 
     snap = layout.source_format == "snapshot"
     hp = Hparams(d=d, head_count=H, key_length=D, sa_kv=sa_kv, sa_ffn=ffn["sa"], ca_kv=ca_kv,
-                 ca_ffn=ffn["ca"], lsa_width=W, lsa_head_count=H, lsa_key_length=D_l, lsa_kv=lsa_kv,
+                 ca_ffn=ffn["ca"], lsa_width=W, lsa_head_count=H_l, lsa_key_length=D_l, lsa_kv=lsa_kv,
                  lsa_ffn=ffn["lsa"], rms_eps=float(eps), rope_theta=float(theta), vocab_size=int(vocab),
+                 embedding_scale=float(scale) if scale is not None else None,
                  config_block_count=cfg.get("num_hidden_layers") if snap else None,
                  config_arch=cfg.get("model_type") if snap else None, sources=src)
-    src["lsa_head_count"] = "= head_count (reference: LSA uses the target's query heads)"
     src["target_kv"] = "lsa_width / (2 * key_length)"
     for k, v in hp.__dict__.items():
         if k != "sources":

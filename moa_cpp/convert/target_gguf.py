@@ -1,7 +1,9 @@
 """Read the few hyper-parameters of a target GGUF and cross-check a drafter against them."""
 from __future__ import annotations
 
+import functools
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,13 @@ class TargetInfo:
     rope_scaling: str | None
     has_rope_freqs: bool
 
+    @property
+    def embedding_scale(self) -> float:
+        """Factor the target applies to token_embd rows before layer 0: sqrt(n_embd) for Gemma
+        architectures (llama.cpp src/models/gemma*.cpp), else 1. Same rule as the native loader's
+        default for a drafter without ``moa.embedding_scale``."""
+        return math.sqrt(self.n_embd) if self.arch.startswith("gemma") else 1.0
+
     def as_fallback(self) -> dict[str, Any]:
         """Values the drafter config may lack (see layouts.derive_hparams)."""
         return {"head_count": self.head_count, "rms_eps": self.rms_eps,
@@ -46,12 +55,22 @@ def _scalar(reader: Any, key: str) -> Any:
 
 
 def read_target(path: str | Path) -> TargetInfo:
-    """Read a target GGUF's architecture, sizes, eps, theta, vocabulary and RoPE scaling."""
-    import gguf  # lazy: only needed with --target-gguf
+    """Read a target GGUF's architecture, sizes, eps, theta, vocabulary and RoPE scaling.
 
+    Memoised per (path, size, mtime): GGUFReader parses every tokenizer array eagerly (about
+    12 s for Gemma-3's 262k tokens), and e.g. the random drafter reads the same target twice.
+    """
     p = Path(path)
     if not p.is_file():
         raise MoaIOError(f"target GGUF {p}: no such file")
+    st = p.stat()
+    return _read_target(p.resolve(), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_target(p: Path, size: int, mtime_ns: int) -> TargetInfo:
+    import gguf  # lazy: only needed with --target-gguf
+
     try:
         r = gguf.GGUFReader(p)
     except Exception as e:  # GGUFReader raises ValueError/struct errors on foreign files
@@ -117,6 +136,10 @@ def check_target(hp: Hparams, tg: TargetInfo) -> None:
         bad.append(f"rope theta: drafter {hp.rope_theta}, target {tg.rope_theta}")
     if tg.rope_scaling not in (None, "none") or tg.has_rope_freqs:
         bad.append(f"target uses RoPE scaling ({tg.rope_scaling or 'rope_freqs.weight'}): not supported yet")
+    if hp.embedding_scale is not None and not math.isclose(hp.embedding_scale, tg.embedding_scale, rel_tol=1e-6):
+        # Not an error: a trainer may deliberately feed another scale; the file records it.
+        log.warning("config embedding_scale %g differs from the target's layer-0 embedding scale %g (%s)",
+                    hp.embedding_scale, tg.embedding_scale, tg.arch)
     if hp.config_block_count is not None and hp.config_block_count != tg.block_count:
         bad.append(f"block_count: snapshot config num_hidden_layers {hp.config_block_count}, "
                    f"target {tg.block_count}")
