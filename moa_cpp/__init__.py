@@ -12,6 +12,9 @@ def __getattr__(name: str):
     if name in ("Drafter", "DrafterModel", "DrafterState"):
         from . import drafter
         return getattr(drafter, name)
+    if name in ("SpeculativeGenerator", "GenerationResult"):
+        from . import generator
+        return getattr(generator, name)
     if name == "Target":
         from .target import Target
         return Target

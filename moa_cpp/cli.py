@@ -1,4 +1,4 @@
-"""``moa-cpp`` command line: convert, check-parity (generate arrives with the engine)."""
+"""``moa-cpp`` command line: generate, convert, check-parity."""
 from __future__ import annotations
 
 import argparse
@@ -22,6 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_convert_arguments(c)
     c.set_defaults(func=run_convert)
 
+    from .cli_generate import add_generate_arguments, run_generate
+    c = sub.add_parser("generate", help="generate with MoA speculative decoding (or plainly with --no-draft)")
+    add_generate_arguments(c)
+    c.set_defaults(func=run_generate)
+
     from .parity import add_parity_arguments, run_parity
     c = sub.add_parser("check-parity", help="check conversion + native drafter against a golden fixture folder")
     add_parity_arguments(c)
@@ -38,7 +43,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except MoaError as e:
         print(f"moa-cpp {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         print(f"moa-cpp {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -155,7 +155,7 @@ def check_parity(fixture_dir: str | Path, *, rtol: float = 1e-4, report_quantize
 
     # Target side: K/V capture and logits of the prompt, then of the cycle-1 verified tokens.
     n_greedy = int(g["target_greedy"].size)
-    with Target.from_path(target_path, n_ctx=max(512, S + n_greedy + 16), n_threads=n_threads, cache_type="f32") as tgt:
+    with Target.from_path(target_path, n_ctx=max(512, S + n_greedy + 16), n_threads=n_threads, cache_type="f32", flash_attn=False) as tgt:
         logits = tgt.decode(g["prompt_ids"])
         lsa_prompt = tgt.captured_lsa_in()
         k, v = _kv_from_lsa_in(lsa_prompt, tgt.n_head_kv, tgt.head_dim)

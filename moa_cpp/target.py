@@ -63,14 +63,17 @@ class Target:
 
     Use :meth:`from_path` or :meth:`from_llama`; the constructor is internal. The context is
     created with a unified KV cache and ``n_seq_max`` sequences (tree verification), flash
-    attention off, ``n_ubatch == n_batch`` by default, and logits for every batch row.
+    attention on (llama.cpp's CPU default: with it, a row's logits computed in a batch are
+    bit-identical to the single-token decode for SmolLM2 Q4_1/Q8_0; without it they differ at
+    some positions by up to ~1 logit), ``n_ubatch == n_batch`` by default, and logits for every
+    batch row.
     Not thread-safe: one thread at a time.
     """
 
     def __init__(self, model: Any, path: Path, *, owns_model: bool, keep_alive: Any = None,
                  n_ctx: int = 4096, n_batch: int = 512, n_ubatch: Optional[int] = None,
                  n_threads: Optional[int] = None, n_seq_max: int = 64, cache_type: str = "f16",
-                 install_callback: bool = True) -> None:
+                 install_callback: bool = True, flash_attn: bool = True) -> None:
         self._model = model
         self._owns_model = owns_model
         self._keep_alive = keep_alive  # e.g. the llama_cpp.Llama that owns the model
@@ -78,6 +81,7 @@ class Target:
         self._batch: Optional[LlamaBatch] = None
         self._cap = None
         self.path = path
+        self.flash_attn = bool(flash_attn)
         try:
             self._init_context(n_ctx, n_batch, n_ubatch, n_threads, n_seq_max, cache_type, install_callback)
         except BaseException:
@@ -90,7 +94,7 @@ class Target:
     def from_path(cls, path: Union[str, os.PathLike], n_ctx: int = 4096, n_threads: Optional[int] = None,
                   n_gpu_layers: int = 0, *, n_batch: int = 512, n_ubatch: Optional[int] = None,
                   n_seq_max: int = 64, cache_type: str = "f16", use_mmap: bool = True,
-                  install_callback: bool = True, verbose: bool = False) -> "Target":
+                  install_callback: bool = True, verbose: bool = False, flash_attn: bool = True) -> "Target":
         """Load a GGUF target.
 
         Args:
@@ -108,6 +112,8 @@ class Target:
             use_mmap: map the model file.
             install_callback: set ``cb_eval`` (False gives a plain context, for benchmarks;
                 capture is then impossible).
+            flash_attn: flash attention (default on: batch rows then match single-token decodes
+                bit for bit on SmolLM2; needed for lossless-by-construction greedy speculation).
             verbose: let llama.cpp log to stderr (process-wide, as in ``llama_cpp.Llama``).
 
         Raises:
@@ -129,12 +135,12 @@ class Target:
                            "truncated file; pass verbose=True for llama.cpp's log)")
         return cls(model, p, owns_model=True, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                    n_threads=n_threads, n_seq_max=n_seq_max, cache_type=cache_type,
-                   install_callback=install_callback)
+                   install_callback=install_callback, flash_attn=flash_attn)
 
     @classmethod
     def from_llama(cls, llm: "llama_cpp.Llama", *, n_ctx: Optional[int] = None, n_threads: Optional[int] = None,
                    n_batch: int = 512, n_ubatch: Optional[int] = None, n_seq_max: int = 64,
-                   cache_type: str = "f16", install_callback: bool = True) -> "Target":
+                   cache_type: str = "f16", install_callback: bool = True, flash_attn: bool = True) -> "Target":
         """Wrap the model of an existing ``llama_cpp.Llama`` (weights shared, new context).
 
         ``llm`` is kept alive by the Target; its own context is not used.
@@ -142,7 +148,7 @@ class Target:
         return cls(llm.model, Path(llm.model_path), owns_model=False, keep_alive=llm,
                    n_ctx=n_ctx if n_ctx is not None else llm.n_ctx(), n_batch=n_batch, n_ubatch=n_ubatch,
                    n_threads=n_threads, n_seq_max=n_seq_max, cache_type=cache_type,
-                   install_callback=install_callback)
+                   install_callback=install_callback, flash_attn=flash_attn)
 
     def _init_context(self, n_ctx: int, n_batch: int, n_ubatch: Optional[int], n_threads: Optional[int],
                       n_seq_max: int, cache_type: str, install_callback: bool) -> None:
@@ -178,7 +184,8 @@ class Target:
         params.n_seq_max = n_seq_max
         params.n_threads = threads
         params.n_threads_batch = threads
-        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
+                                  else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         params.kv_unified = True  # coupled sequences (tree verification) need it; also keeps batch order
         params.type_k = params.type_v = _CACHE_TYPES[cache_type]
         params.no_perf = True
@@ -201,10 +208,50 @@ class Target:
         self._batch = LlamaBatch(n_batch, n_seq_max)
 
     def meta(self, key: str) -> Optional[str]:
-        """GGUF metadata value of ``key`` as a string (None if absent; truncated at 255 bytes)."""
+        """GGUF metadata value of ``key`` as a string (None if absent)."""
         buf = ctypes.create_string_buffer(256)
         n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n >= len(buf):  # the return value is the full length: retry with room for it
+            buf = ctypes.create_string_buffer(n + 1)
+            n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """Render ``messages`` with the GGUF's ``tokenizer.chat_template`` (Jinja2, as
+        llama-cpp-python does for chat completions). Tokenize the result with
+        ``add_bos=False, special=True``: the template writes any BOS itself."""
+        template = self.meta("tokenizer.chat_template")
+        if not template:
+            return self._builtin_chat_template(messages, add_generation_prompt)
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        bos = self.detokenize([self.bos_token], special=True) if self.bos_token >= 0 else ""
+        eos = self.detokenize([self.eos_token], special=True) if self.eos_token >= 0 else ""
+        fmt = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos,
+                                  add_generation_prompt=add_generation_prompt)
+        return fmt(messages=list(messages)).prompt
+
+    def _builtin_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
+        """GGUFs without tokenizer.chat_template (e.g. some Gemma-3 files): llama.cpp's built-in
+        template for the architecture family."""
+        name = "gemma" if self.arch.startswith("gemma") else None
+        if name is None:
+            raise MoaError(f"{self.path.name} has no chat template (tokenizer.chat_template); use a plain prompt")
+        arr = (llama_cpp.llama_chat_message * len(messages))()
+        keep = []
+        for i, m in enumerate(messages):
+            role, content = str(m["role"]).encode(), str(m["content"]).encode()
+            keep += [role, content]
+            arr[i].role, arr[i].content = role, content
+        size = 4096 + sum(len(k) for k in keep) * 2
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_chat_apply_template(name.encode(), arr, len(messages), add_generation_prompt, buf, size)
+        if n < 0 or n > size:
+            raise MoaError(f"llama.cpp could not apply its built-in '{name}' chat template")
+        text = buf.raw[:n].decode("utf-8", "replace")
+        bos = self.detokenize([self.bos_token], special=True) if self.bos_token >= 0 else ""
+        # llama.cpp's built-in templates omit BOS; add it when the model expects one
+        add_bos = (self.meta("tokenizer.ggml.add_bos_token") or "").lower() == "true"
+        return (bos + text) if add_bos and bos and not text.startswith(bos) else text
 
     # ------------------------------------------------------------------ properties
 

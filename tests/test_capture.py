@@ -58,7 +58,7 @@ def lsa_to_kv(x: np.ndarray, n_head_kv: int, head_dim: int):
 # ---------------------------------------------------------------- fixture target (golden)
 
 def test_capture_equals_golden_one_decode(tiny_path: Path, golden: dict) -> None:
-    with Target.from_path(tiny_path, n_ctx=128, cache_type="f32") as tgt:
+    with Target.from_path(tiny_path, n_ctx=128, cache_type="f32", flash_attn=False) as tgt:
         assert (tgt.arch, tgt.rope_type, tgt.n_layer, tgt.n_head_kv, tgt.head_dim) == ("llama", "norm", 4, 2, 16)
         logits = tgt.decode(golden["prompt_ids"])
         k, v = tgt.captured_kv()
@@ -73,7 +73,7 @@ def test_capture_equals_golden_one_decode(tiny_path: Path, golden: dict) -> None
 @pytest.mark.parametrize("sizes,n_ubatch", [([4, 5, 6], None), ([1] * 15, None), ([15], 4), ([9, 6], 2)],
                          ids=["chunks", "token-by-token", "ubatch4", "chunks+ubatch2"])
 def test_capture_equals_golden_chunked(tiny_path: Path, golden: dict, sizes: List[int], n_ubatch) -> None:
-    with Target.from_path(tiny_path, n_ctx=128, n_batch=16, n_ubatch=n_ubatch, n_seq_max=16, cache_type="f32") as tgt:
+    with Target.from_path(tiny_path, n_ctx=128, n_batch=16, n_ubatch=n_ubatch, n_seq_max=16, cache_type="f32", flash_attn=False) as tgt:
         lsa_in = decode_chunks(tgt, golden["prompt_ids"], sizes)
         assert tgt.n_past == 15
     assert np.abs(lsa_in - golden["lsa_in"]).max() < GOLDEN_ATOL
@@ -82,7 +82,7 @@ def test_capture_equals_golden_chunked(tiny_path: Path, golden: dict, sizes: Lis
 def test_from_llama_shares_the_model(tiny_path: Path, golden: dict) -> None:
     import llama_cpp
     llm = llama_cpp.Llama(model_path=str(tiny_path), n_ctx=128, verbose=False)
-    with Target.from_llama(llm, cache_type="f32") as tgt:
+    with Target.from_llama(llm, cache_type="f32", flash_attn=False) as tgt:
         assert tgt.path == tiny_path and tgt.n_layer == 4
         tgt.decode(golden["prompt_ids"])
         lsa_in = tgt.captured_lsa_in()
@@ -102,7 +102,7 @@ def test_captured_rows_subset_and_order(tiny_path: Path, golden: dict) -> None:
 
 def test_f16_cache_capture_layer0_exact(tiny_path: Path, golden: dict) -> None:
     """Capture reads F32 K/V before the cache cast; layer 0 does not depend on the cache."""
-    with Target.from_path(tiny_path, n_ctx=128, cache_type="f16") as tgt:
+    with Target.from_path(tiny_path, n_ctx=128, cache_type="f16", flash_attn=False) as tgt:
         tgt.decode(golden["prompt_ids"])
         k, v = tgt.captured_kv()
     assert np.abs(k[0] - golden["target_k"][0]).max() < GOLDEN_ATOL
@@ -111,7 +111,7 @@ def test_f16_cache_capture_layer0_exact(tiny_path: Path, golden: dict) -> None:
 
 def test_rollback_and_redecode(tiny_path: Path, golden: dict) -> None:
     ids = golden["prompt_ids"]
-    with Target.from_path(tiny_path, n_ctx=128, cache_type="f32") as tgt:
+    with Target.from_path(tiny_path, n_ctx=128, cache_type="f32", flash_attn=False) as tgt:
         first = tgt.decode(ids)
         tgt.rollback(10)
         assert tgt.n_past == 10
@@ -126,7 +126,7 @@ def test_tree_rows_see_only_their_sequence(tiny_path: Path, golden: dict) -> Non
     logits and K/V they get when decoded alone after the prompt."""
     ids = golden["prompt_ids"]
     a, b = 100, 200
-    with Target.from_path(tiny_path, n_ctx=128, cache_type="f32") as tgt:
+    with Target.from_path(tiny_path, n_ctx=128, cache_type="f32", flash_attn=False) as tgt:
         tgt.decode(ids)
         ref = []
         for tok in (a, b):
@@ -233,9 +233,10 @@ PROMPT = ("Speculative decoding drafts several tokens with a small model and ver
     (models.smollm2_path, dict(arch="llama", rope_type="norm", n_layer=30, n_head_kv=3, head_dim=64)),
     (models.gemma3_270m_path, dict(arch="gemma3", rope_type="neox", n_layer=18, n_head_kv=1, head_dim=256)),
 ], ids=["smollm2-q4_1", "gemma3-270m-q4_k_m"])
-def test_capture_equals_kv_cache(getter: Callable[[], Path], expect: dict) -> None:
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["noFA", "FA"])
+def test_capture_equals_kv_cache(getter: Callable[[], Path], expect: dict, flash_attn: bool) -> None:
     path = _model_path(getter)
-    with Target.from_path(path, n_ctx=512, n_batch=64, n_ubatch=16, cache_type="f32") as tgt:
+    with Target.from_path(path, n_ctx=512, n_batch=64, n_ubatch=16, cache_type="f32", flash_attn=flash_attn) as tgt:
         assert {k: getattr(tgt, k) for k in expect} == expect
         ids = tgt.tokenize(PROMPT, add_bos=True)
         assert 30 < len(ids) < 64
@@ -256,7 +257,7 @@ def test_capture_equals_kv_cache(getter: Callable[[], Path], expect: dict) -> No
         layer_sets = [[il for il in range(tgt.n_layer) if not is_swa[il]], [il for il in range(tgt.n_layer) if is_swa[il]]]
     for blk, layers in zip(blocks, layer_sets):
         np.testing.assert_array_equal(blk.pos, np.arange(len(ids)))
-        assert blk.v_trans, "flash attention is off: V must be stored transposed"
+        assert blk.v_trans == (not flash_attn), "V is stored transposed exactly when flash attention is off"
         assert len(blk.k) == len(layers)
         for k_cache, v_cache, il in zip(blk.k, blk.v, layers):
             k_cache = k_cache.reshape(len(ids), tgt.n_head_kv, tgt.head_dim).transpose(1, 0, 2)

@@ -58,7 +58,7 @@ def test_parity_detects_a_wrong_drafter(fixture_dir, tmp_path):
                        tensor_fn=lambda n, a: a + np.float32(0.01) if n == "ekv2e.bias" else a)
     g = dict(np.load(fixture_dir / "golden.npz"))
     from moa_cpp.target import Target
-    with Target.from_path(fixture_dir / "target-f32.gguf", n_ctx=512, cache_type="f32") as tgt:
+    with Target.from_path(fixture_dir / "target-f32.gguf", n_ctx=512, cache_type="f32", flash_attn=False) as tgt:
         tgt.decode(g["prompt_ids"])
         lsa = tgt.captured_lsa_in()
         S = g["prompt_ids"].size

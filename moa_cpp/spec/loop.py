@@ -48,6 +48,9 @@ class SpeculativeLoop:
 
     def __init__(self, target: Target, proposer: Optional[Proposer], draft: DraftConfig) -> None:
         self.target = target
+        # Optional observer of every cycle: on_cycle(pos, root, proposal, scores, verdict) (tests,
+        # diagnostics). Called after verification, before the commit.
+        self.on_cycle = None
         self.proposer = proposer
         self.draft = draft if proposer is not None else DraftConfig("none")
         self.scorer = TargetScorer(target)
@@ -68,7 +71,7 @@ class SpeculativeLoop:
         prompt = np.asarray(prompt, dtype=np.int32).reshape(-1)
         if prompt.size == 0:
             raise ValueError("empty prompt")
-        if prompt.size + max_tokens + cfg.max_nodes + 1 > tgt.n_ctx:
+        if prompt.size + max_tokens + 2 * cfg.max_nodes + 1 > tgt.n_ctx:
             raise ValueError(f"prompt ({prompt.size}) + max_tokens ({max_tokens}) + drafts exceed the context "
                              f"({tgt.n_ctx} positions)")
         rng = np.random.default_rng(sp.seed) if not sp.greedy else None
@@ -91,6 +94,7 @@ class SpeculativeLoop:
         stats.t_prefill = time.perf_counter() - t0
         feed = list(prompt)
         n = int(prompt.size)
+        carry: list = []       # verified tokens the target must (re)decode ahead of the next root
         generated = 0
 
         t_start = time.perf_counter()
@@ -98,6 +102,7 @@ class SpeculativeLoop:
             return
         if tgt.is_eog(root):
             stats.finish_reason = "stop"
+            stats.eog_token = root
             stats.t_total = time.perf_counter() - t_start
             yield StepEvent([], stats)
             return
@@ -119,14 +124,16 @@ class SpeculativeLoop:
             stats.t_drafter += time.perf_counter() - t
             # score: one target decode
             t = time.perf_counter()
-            scores = self.scorer.score(root, n, proposal, capture)
+            scores = self.scorer.score(carry, root, n, proposal, capture)
             stats.t_target += time.perf_counter() - t
             stats.target_calls += 1
             # verify
             verdict = verify(proposal, scores.logits, sp, rng)
+            if self.on_cycle is not None:
+                self.on_cycle(n, root, proposal, scores, verdict)
             # commit: target KV, drafter CA cache
-            self.scorer.commit(n, proposal, scores, verdict)
-            rows = [0] + [i + 1 for i in verdict.path]
+            carry = self.scorer.commit(n, proposal, scores, verdict)
+            rows = [int(scores.batch_row[0])] + [int(scores.batch_row[i + 1]) for i in verdict.path]
             if capture:
                 t = time.perf_counter()
                 lsa = tgt.captured_lsa_in(rows)
@@ -147,6 +154,7 @@ class SpeculativeLoop:
             for tok in verdict.tokens + [verdict.bonus]:
                 if tgt.is_eog(tok):
                     finished = True
+                    stats.eog_token = tok
                     break
                 out.append(tok)
                 if generated + len(out) >= max_tokens:

@@ -53,7 +53,8 @@ class OracleProposer:
             self.draft_rows = n
             return Proposal(np.array(toks, np.int32), np.arange(-1, n - 1, dtype=np.int32),
                             np.arange(1, n + 1, dtype=np.int32))
-        # tree: the (noisy) reference path plus one wrong sibling per level, within the budget
+        # tree: the (noisy) reference path plus one wrong sibling per level, within the budget;
+        # the sibling order is random so that accepted paths leave the first-child path too
         toks, parents, depths = [], [], []
         parent = -1
         for d in range(1, cfg.depth + 1):
@@ -61,9 +62,10 @@ class OracleProposer:
                 break
             t = self._token(i + d)
             wrong = int((t + 1 + self.rng.integers(self.n_vocab - 1)) % self.n_vocab)
-            toks += [wrong, t]
+            pair = [t, wrong] if self.rng.random() < 0.5 else [wrong, t]
+            toks += pair
             parents += [parent, parent]
             depths += [d, d]
-            parent = len(toks) - 1
+            parent = len(toks) - 2 + pair.index(t)
         self.draft_rows = len(toks)
         return Proposal(np.array(toks, np.int32), np.array(parents, np.int32), np.array(depths, np.int32))

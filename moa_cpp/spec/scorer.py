@@ -1,13 +1,21 @@
 """Scorer: ONE target decode over the root and every draft node, with K/V capture.
 
 Chains run in sequence 0. Trees use llama.cpp's multi-sequence batches over the unified KV
-cache (integration spec §6): every leaf gets its own sequence id, the context is shared with
-every leaf sequence, and each node belongs to the sequences of the leaves below it, so a node
-attends exactly to the context, its ancestors and itself.
+cache (integration spec §6): every leaf gets its own sequence id and each node belongs to the
+sequences of the leaves below it, so a node attends exactly to the context, its ancestors and
+itself; verified tokens (the root, any carried tokens) belong to sequence 0 and every leaf.
+
+Bit-exactness needs more than the right attention set: llama.cpp's attention visits KV cells in
+cell order, and a different order rounds differently (measured: up to ~1 logit on SmolLM2
+Q4_1, enough to flip near-ties). Plain decoding keeps cells in position order, so the scorer
+does too: the batch is laid out as [carry, root, main path (first child of each node), other
+nodes], and after verification only the root and the accepted prefix of the main path are kept
+(contiguous cells right after the context). Accepted nodes off the main path are dropped and
+returned as ``carry``: the next verification batch re-decodes them ahead of its root.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -18,51 +26,76 @@ from .proposal import Proposal, Verdict
 
 @dataclass
 class Scores:
-    logits: np.ndarray          # [1 + n, V]: row 0 = root, row i + 1 = node i
-    leaf_seq: Optional[dict]    # tree only: node index -> sequence id of a leaf below it
+    logits: np.ndarray                  # [1 + n, V] in node order: row 0 = root, row i + 1 = node i
+    batch_row: np.ndarray               # [1 + n] batch row of the root / node i (for captured K/V)
+    n_main: int = 0                     # nodes on the main path (batch rows right after the root)
+    main: list = field(default_factory=list)   # main-path node indices, in order
+    leaf_seq: Optional[dict] = None     # tree only: node index -> sequence id of a leaf below it
+
+
+def main_path(proposal: Proposal) -> list[int]:
+    """Root's first child, its first child, ... (proposers order children best-first)."""
+    children = proposal.children()
+    path, row = [], 0
+    while children[row]:
+        node = children[row][0]
+        path.append(node)
+        row = node + 1
+    return path
 
 
 class TargetScorer:
-    """Verification decodes and the target-side commit (KV rollback)."""
+    """Verification decodes and the target-side commit (KV bookkeeping)."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
 
-    def score(self, root: int, pos: int, proposal: Proposal, capture: bool) -> Scores:
-        tokens = np.concatenate([[root], proposal.tokens]).astype(np.int32)
-        positions = (pos + np.concatenate([[0], proposal.depths])).astype(np.int32)
-        if proposal.n == 0 or proposal.is_chain():
-            return Scores(self.target.decode(tokens, positions, capture=capture), None)
+    def score(self, carry: list, root: int, pos: int, proposal: Proposal, capture: bool) -> Scores:
+        """Decode ``carry`` (positions pos-len(carry)..pos-1), the root at ``pos`` and the nodes."""
+        n, c = proposal.n, len(carry)
+        main = main_path(proposal)
+        on_main = set(main)
+        order = main + [i for i in range(n) if i not in on_main]          # batch order of the nodes
+        tokens = np.array(list(carry) + [root] + [int(proposal.tokens[i]) for i in order], np.int32)
+        positions = np.array([pos - c + j for j in range(c + 1)] + [pos + int(proposal.depths[i]) for i in order],
+                             np.int32)
+        batch_row = np.empty(n + 1, np.int64)
+        batch_row[0] = c
+        for r, i in enumerate(order):
+            batch_row[i + 1] = c + 1 + r
+        if n == 0 or proposal.is_chain():
+            logits = self.target.decode(tokens, positions, capture=capture)
+            return Scores(logits[batch_row], batch_row, len(main), main, None)
         children = proposal.children()
-        leaves = [i for i in range(proposal.n) if not children[i + 1]]
+        leaves = [i for i in range(n) if not children[i + 1]]
         if len(leaves) + 1 > self.target.n_seq_max:
             raise ValueError(f"tree has {len(leaves)} leaves; the target context has {self.target.n_seq_max} sequences")
-        seqs: list[set] = [set() for _ in range(proposal.n + 1)]   # [0] = root
-        leaf_seq = {}
+        node_seqs: list[set] = [set() for _ in range(n)]
+        leaf_seq: dict = {}
         for k, leaf in enumerate(leaves):
             s = k + 1
             node = leaf
             while node >= 0:
-                seqs[node + 1].add(s)
+                node_seqs[node].add(s)
                 leaf_seq.setdefault(node, s)
                 node = int(proposal.parents[node])
-            seqs[0].add(s)
             self.target.seq_cp(0, s, -1, -1)      # the context is visible to every leaf sequence
-        logits = self.target.decode(tokens, positions, seq_ids=[sorted(s) for s in seqs], capture=capture)
-        return Scores(logits, leaf_seq)
+        verified = [0] + list(range(1, len(leaves) + 1))   # sequence 0 first: the mask uses the first id
+        seq_ids = [verified] * (c + 1) + [sorted(node_seqs[i]) for i in order]
+        logits = self.target.decode(tokens, positions, seq_ids=seq_ids, capture=capture)
+        return Scores(logits[batch_row], batch_row, len(main), main, leaf_seq)
 
-    def commit(self, pos: int, proposal: Proposal, scores: Scores, verdict: Verdict) -> None:
-        """Keep the root and the accepted nodes (positions pos..pos+a) in sequence 0; drop the rest."""
+    def commit(self, pos: int, proposal: Proposal, scores: Scores, verdict: Verdict) -> list:
+        """Keep the root and the accepted main-path prefix; return the accepted tokens that must
+        be re-decoded ahead of the next root (the carry)."""
         a = verdict.n_accepted
-        if scores.leaf_seq is None:
-            self.target.rollback(pos + a + 1)
-            return
-        if a:
-            s = scores.leaf_seq[verdict.path[-1]]
-            self.target.seq_cp(s, 0, pos, pos + a + 1)
-        else:
-            # the root alone: it belongs to every leaf sequence; give it back to sequence 0
-            self.target.seq_cp(1, 0, pos, pos + 1)
-        for s in set(scores.leaf_seq.values()):
-            self.target.seq_rm(s, -1, -1)
-        self.target.seq_rm(0, pos + a + 1, -1)
+        m = 0
+        while m < a and m < len(scores.main) and verdict.path[m] == scores.main[m]:
+            m += 1
+        if scores.leaf_seq is not None:
+            if m:
+                self.target.seq_cp(scores.leaf_seq[verdict.path[m - 1]], 0, pos + 1, pos + m + 1)
+            for s in set(scores.leaf_seq.values()):
+                self.target.seq_rm(s, -1, -1)
+        self.target.rollback(pos + m + 1)
+        return verdict.tokens[m:]

@@ -24,6 +24,7 @@ class SpecStats:
     t_drafter: float = 0.0        # s, drafter commit + draft calls
     t_total: float = 0.0          # s, whole generation after prefill
     finish_reason: str = ""       # "stop" (EOG / stop string) or "length"
+    eog_token: int = -1           # the end-of-generation token that stopped it (-1: none)
 
     @property
     def tau(self) -> float:

@@ -1,0 +1,85 @@
+"""``moa-cpp generate``: speculative (or plain) generation from the command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import InvalidArgumentError
+
+
+def _tree(s: str) -> str:
+    parts = s.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"--tree expects DEPTH,TOPK,TOTAL (positive integers), got {s!r}")
+    return "tree:" + ",".join(p.strip() for p in parts)
+
+
+def _positive(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def add_generate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", help="target GGUF (default: the embedded default target)")
+    p.add_argument("-d", "--drafter", help="MoA drafter GGUF (default: the embedded default drafter)")
+    p.add_argument("-p", "--prompt", required=True, help="prompt text")
+    p.add_argument("--chat", action="store_true", help="apply the target GGUF's chat template")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--chain", type=_positive, metavar="N", help="draft a chain of N tokens per cycle")
+    g.add_argument("--tree", type=_tree, metavar="DEPTH,TOPK,TOTAL", help="EAGLE-2 dynamic tree (paper: 6,8,62)")
+    g.add_argument("--no-draft", action="store_true", help="plain decoding through the same loop (baseline)")
+    p.add_argument("--temp", type=float, default=0.0, help="temperature (0 = greedy, lossless; default 0)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="top-p (1 = off)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    p.add_argument("--max-tokens", type=_positive, default=256, help="max new tokens (default 256)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--n-ctx", type=_positive, default=4096, help="context size (default 4096)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.add_argument("--device", default="auto", help="drafter device: auto, cpu or a ggml device name")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from .generator import SpeculativeGenerator
+    from . import defaults
+
+    if args.temp < 0 or not (0 < args.top_p <= 1) or args.top_k < 0:
+        raise InvalidArgumentError("--temp must be >= 0, --top-p in (0, 1], --top-k >= 0")
+    target, drafter = args.model, args.drafter
+    if target is None and drafter is None:
+        target, drafter = defaults.default_target(), (None if args.no_draft else defaults.default_drafter())
+    elif target is None:
+        raise InvalidArgumentError("-d/--drafter needs -m/--model (the drafter's target)")
+    elif drafter is None and not args.no_draft:
+        raise InvalidArgumentError("-m/--model without -d/--drafter: pass an MoA drafter GGUF or --no-draft")
+    if args.no_draft:
+        drafter, draft = None, "none"
+    else:
+        draft = args.tree or f"chain:{args.chain or 3}"
+    gen = SpeculativeGenerator.from_paths(target, drafter, n_ctx=args.n_ctx, n_threads=args.threads,
+                                          device=args.device, draft=draft)
+    kw = dict(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+              seed=args.seed, stop=args.stop, chat=args.chat)
+    if args.json:
+        r = gen.generate(args.prompt, **kw)
+        st = r.stats
+        print(json.dumps({"text": r.text, "tokens": r.tokens, "n_tokens": len(r.tokens),
+                          "target_calls": st.target_calls, "tau": st.tau, "tokens_per_s": st.tokens_per_s,
+                          "finish_reason": r.finish_reason, "draft": draft, "stats": st.to_dict()}))
+    else:
+        for piece in gen.stream(args.prompt, **kw):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        st = gen.last_stats
+        sys.stdout.write("\n")
+        print(f"[{st.n_generated} tokens, {st.target_calls} target calls, tau {st.tau:.2f}, "
+              f"{st.tokens_per_s:.1f} tok/s, {draft}]", file=sys.stderr)
+    gen.close()
+    return 0
