@@ -31,7 +31,8 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="apply the target GGUF's chat template")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--chain", type=_positive, metavar="N", help="draft a chain of N tokens per cycle")
+    g.add_argument("--chain", type=_positive, metavar="N",
+                   help="draft a chain of N tokens per cycle (default: cost-aware, 0..8 chosen every cycle)")
     g.add_argument("--tree", type=_tree, metavar="DEPTH,TOPK,TOTAL", help="EAGLE-2 dynamic tree (paper: 6,8,62)")
     g.add_argument("--no-draft", action="store_true", help="plain decoding through the same loop (baseline)")
     p.add_argument("--temp", type=float, default=0.0, help="temperature (0 = greedy, lossless; default 0)")
@@ -62,7 +63,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.no_draft:
         drafter, draft = None, "none"
     else:
-        draft = args.tree or f"chain:{args.chain or 3}"
+        draft = args.tree or (f"chain:{args.chain}" if args.chain else "auto:8")
     gen = SpeculativeGenerator.from_paths(target, drafter, n_ctx=args.n_ctx, n_threads=args.threads,
                                           device=args.device, draft=draft)
     kw = dict(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,

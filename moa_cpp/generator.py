@@ -31,7 +31,7 @@ Prompt = Union[str, Sequence[int]]
 
 
 def parse_draft(spec: Union[str, DraftConfig, None]) -> DraftConfig:
-    """"chain:N", "tree:DEPTH,TOPK,TOTAL", "none" (or a DraftConfig) -> DraftConfig."""
+    """"chain:N", "tree:DEPTH,TOPK,TOTAL", "auto[:KMAX]", "none" (or a DraftConfig) -> DraftConfig."""
     if spec is None:
         return DraftConfig("chain", chain=3)
     if isinstance(spec, DraftConfig):
@@ -39,6 +39,9 @@ def parse_draft(spec: Union[str, DraftConfig, None]) -> DraftConfig:
     s = spec.strip().lower()
     if s in ("none", "off", "no-draft"):
         return DraftConfig("none")
+    if s.startswith("auto"):
+        _, _, arg = s.partition(":")
+        return DraftConfig("auto", chain=int(arg or 8))
     kind, _, arg = s.partition(":")
     try:
         if kind == "chain":

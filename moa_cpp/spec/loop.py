@@ -17,6 +17,7 @@ import numpy as np
 
 from ..target import Target
 from .proposal import Proposal
+from .cost import AcceptanceTracker, best_chain_length, measure_verify_cost
 from .proposer import DraftConfig
 from .scorer import TargetScorer
 from .stats import SpecStats
@@ -92,8 +93,21 @@ class SpeculativeLoop:
                 self.proposer.observe(tgt.captured_lsa_in(), off)
         root = self._sample(logits[-1], sp, rng)
         stats.t_prefill = time.perf_counter() - t0
-        feed = list(prompt)
+        feed = list(prompt)        # verified tokens the drafter's SA context has not seen yet
         n = int(prompt.size)
+        auto = None
+        if cfg.mode == "auto":
+            # cost-aware chain length: T(k) measured once per model/device (cached on disk)
+            tv = time.perf_counter()
+            cost = measure_verify_cost(tgt, ks=tuple(range(1, cfg.chain + 2)))
+            auto = (cost, AcceptanceTracker())
+            stats.t_prefill += time.perf_counter() - tv
+            tgt.clear()
+            # the measurement emptied the target's cache: decode the prompt again (no capture:
+            # the drafter already committed it)
+            for off in range(0, prompt.size, tgt.n_batch):
+                chunk = prompt[off: off + tgt.n_batch]
+                tgt.decode(chunk, np.arange(off, off + chunk.size, dtype=np.int32), capture=False)
         carry: list = []       # verified tokens the target must (re)decode ahead of the next root
         generated = 0
 
@@ -113,14 +127,21 @@ class SpeculativeLoop:
             # propose
             t = time.perf_counter()
             left = max_tokens - generated
-            if cfg.mode == "none":
+            step_cfg = cfg
+            if auto is not None:
+                t_row = stats.t_drafter / stats.draft_rows if stats.draft_rows else 0.2 * auto[0][1]
+                k = best_chain_length(auto[0], auto[1], t_row, 0.0, k_max=cfg.chain)
+                if k == 0 and stats.target_calls % 8 == 7:
+                    k = 1                  # keep measuring acceptance while plain decoding wins
+                step_cfg = DraftConfig("chain", chain=k) if k else DraftConfig("none")
+            if step_cfg.mode == "chain" and step_cfg.chain > left:
+                step_cfg = DraftConfig("chain", chain=left)
+            if step_cfg.mode == "none":
                 proposal = Proposal.empty()
             else:
-                step_cfg = cfg
-                if cfg.mode == "chain" and cfg.chain > left:
-                    step_cfg = DraftConfig("chain", chain=left)
                 proposal = self.proposer.propose(feed, root, n, sp, rng, step_cfg)
                 stats.draft_rows += self.proposer.draft_rows
+                feed = []
             stats.t_drafter += time.perf_counter() - t
             # score: one target decode
             t = time.perf_counter()
@@ -146,7 +167,9 @@ class SpeculativeLoop:
             stats.accepted += a
             stats.record_depths(int(proposal.depths.max()) if proposal.n else 0, a)
             stats.accept_lengths.append(a + 1)
-            feed = [root] + verdict.tokens
+            if auto is not None and proposal.n:
+                auto[1].update(proposal.n, a)
+            feed = feed + [root] + verdict.tokens     # now verified, not yet in the drafter's SA context
             n += a + 1
             root = verdict.bonus
             out = []

@@ -22,6 +22,8 @@ class DraftConfig:
     mode "chain": ``chain`` tokens drafted one after another.
     mode "tree": EAGLE-2 dynamic tree with ``depth`` draft levels, ``topk`` children per expanded
     node and frontier width, ``total`` nodes verified (the paper: 6, 8, 62).
+    mode "auto": a chain whose length (0..``chain``) is chosen every cycle from the measured
+    verify cost T(k) and the acceptance observed so far (:mod:`moa_cpp.spec.cost`).
     mode "none": no drafts (plain decoding through the same loop).
     """
 
@@ -32,21 +34,21 @@ class DraftConfig:
     total: int = 62
 
     def __post_init__(self) -> None:
-        if self.mode not in ("chain", "tree", "none"):
-            raise ValueError(f"draft mode {self.mode!r}: expected chain, tree or none")
-        if self.mode == "chain" and self.chain < 1:
+        if self.mode not in ("chain", "tree", "none", "auto"):
+            raise ValueError(f"draft mode {self.mode!r}: expected chain, tree, auto or none")
+        if self.mode in ("chain", "auto") and self.chain < 1:
             raise ValueError("chain length must be >= 1")
         if self.mode == "tree" and (self.depth < 1 or self.topk < 1 or self.total < 1):
             raise ValueError("tree depth, topk and total must be >= 1")
 
     @property
     def max_nodes(self) -> int:
-        return {"chain": self.chain, "tree": self.total, "none": 0}[self.mode]
+        return {"chain": self.chain, "auto": self.chain, "tree": self.total, "none": 0}[self.mode]
 
     @property
     def max_draft_rows(self) -> int:
         """Drafter rows per cycle (for sizing the drafter state)."""
-        if self.mode == "chain":
+        if self.mode in ("chain", "auto"):
             return self.chain
         if self.mode == "tree":
             return 1 + self.topk * max(0, self.depth - 1)

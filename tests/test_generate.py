@@ -1,0 +1,183 @@
+"""The generation API and CLI on the fixture target (fast): lossless greedy in every draft mode
+(including the cost-aware one), the reference's per-cycle accept lengths, sampling that
+preserves the target's distribution end to end, and the user-facing surfaces."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from moa_cpp.convert import convert
+from moa_cpp.drafter import DrafterModel
+from moa_cpp.generator import SpeculativeGenerator, parse_draft
+from moa_cpp.spec.loop import SpeculativeLoop
+from moa_cpp.spec.oracle import OracleProposer
+from moa_cpp.spec.proposer import DraftConfig
+from moa_cpp.spec.verify import SamplingParams, probs_from_logits
+from moa_cpp.target import Target
+
+ALPHA = 1e-3
+
+
+@pytest.fixture(scope="module")
+def fx(fixture_dir, tmp_path_factory, monkeypatch_module):
+    monkeypatch_module.setenv("MOA_CPP_CACHE", str(tmp_path_factory.mktemp("cache")))
+    g = dict(np.load(fixture_dir / "golden.npz"))
+    tgt_path = fixture_dir / "target-f32.gguf"
+    drafter = convert(fixture_dir / "drafter_hf", tmp_path_factory.mktemp("gen") / "d.gguf", outtype="f32",
+                      target_gguf=tgt_path, progress=False)
+    # F32 attention (flash attention off) to match the HF reference's greedy continuation exactly
+    target = Target.from_path(tgt_path, n_ctx=512, n_batch=128, flash_attn=False)
+    gen = SpeculativeGenerator(target, DrafterModel(drafter, tgt_path))
+    yield g, gen, tgt_path, drafter
+    gen.close()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.mark.parametrize("draft", ["none", "chain:1", "chain:3", "chain:5", "tree:3,3,10", "tree:6,8,62", "auto:6"])
+def test_greedy_equals_reference_greedy(fx, draft):
+    g, gen, _, _ = fx
+    r = gen.generate(g["prompt_ids"].tolist(), max_tokens=32, draft=draft)
+    assert r.tokens == g["target_greedy"].tolist()        # the HF reference's own greedy output
+    assert r.stats.n_generated == 32 and r.finish_reason == "length"
+    assert r.stats.target_calls == len(r.stats.accept_lengths)
+    assert sum(r.stats.accept_lengths) + 1 == 32          # + the token sampled after prefill
+
+
+def test_tree_cycles_match_reference_generate(fx):
+    """The paper tree (7, 8, 62 in the reference's terms) verifies exactly as the reference's
+    own generate(): same number of verification calls, same tokens per call."""
+    g, gen, _, _ = fx
+    r = gen.generate(g["prompt_ids"].tolist(), max_tokens=32, draft="tree:6,8,62")
+    assert r.stats.accept_lengths == g["generate_accept_lengths"].tolist()
+
+
+def test_sampling_end_to_end_distribution(fx):
+    """First two generated tokens under speculation ~ the target's own sampling law, at T=1.0
+    and T=0.7 (chi-square, ALPHA=1e-3), with the oracle (deterministic drafts, often right) and
+    the MoA drafter (drafts sampled from q)."""
+    g, gen, tgt_path, _ = fx
+    target = gen.target
+    prompt = g["prompt_ids"].tolist()
+    for temp in (1.0, 0.7):
+        sp_t = SamplingParams(temp)
+        target.clear()
+        p1 = probs_from_logits(target.decode(prompt, capture=False)[-1], sp_t)
+        support = np.flatnonzero(p1 > 1e-3)
+        cond = {}
+        for t1 in support:
+            target.rollback(len(prompt))
+            cond[int(t1)] = probs_from_logits(target.decode([int(t1)], [len(prompt)], capture=False)[0], sp_t)
+        cfg = DraftConfig("chain", chain=2)
+        for kind in ("oracle", "moa"):
+            counts: dict = {}
+            N = 1500
+            for seed in range(N):
+                sp = SamplingParams(temp, seed=seed)
+                if kind == "oracle":
+                    ref = g["target_greedy"].tolist()
+                    loop = SpeculativeLoop(target, OracleProposer(ref, len(prompt), 0.8, target.n_vocab, cfg, seed), cfg)
+                else:
+                    loop = gen.loop
+                toks = []
+                for ev in loop.run(prompt, 2, sp, cfg):
+                    toks += ev.tokens
+                counts[tuple(toks[:2])] = counts.get(tuple(toks[:2]), 0) + 1
+            # expected joint over (t1 in support, t2 with p > 1e-3); the rest pooled
+            keys, exp = [], []
+            for t1 in support:
+                for t2 in np.flatnonzero(cond[int(t1)] > 1e-3):
+                    keys.append((int(t1), int(t2)))
+                    exp.append(p1[t1] * cond[int(t1)][t2])
+            obs = [counts.get(k, 0) for k in keys]
+            rest_obs, rest_exp = N - sum(obs), max(0.0, 1.0 - sum(exp))
+            obs.append(rest_obs)
+            exp.append(rest_exp)
+            exp = np.array(exp) / np.sum(exp) * N
+            keep = exp >= 5
+            o = np.array(obs, float)
+            o2 = np.append(o[keep], o[~keep].sum())
+            e2 = np.append(exp[keep], exp[~keep].sum())
+            if e2[-1] < 5:
+                o2[-2] += o2[-1]; e2[-2] += e2[-1]; o2, e2 = o2[:-1], e2[:-1]
+            pval = chisquare(o2, e2).pvalue
+            assert pval > ALPHA, f"{kind} T={temp}: chi-square p={pval:.2e}"
+
+
+def test_stream_stop_and_completion(fx):
+    g, gen, _, _ = fx
+    full = gen.generate(g["prompt_ids"].tolist(), max_tokens=16, draft="chain:3")
+    pieces = list(gen.stream(g["prompt_ids"].tolist(), max_tokens=16, draft="chain:3"))
+    assert "".join(pieces) == full.text
+    stop = full.text[5:9]
+    cut = gen.generate(g["prompt_ids"].tolist(), max_tokens=16, stop=[stop], draft="chain:3")
+    assert cut.text == full.text[: full.text.find(stop)] and cut.finish_reason == "stop"
+    resp = gen.create_completion(g["prompt_ids"].tolist(), max_tokens=8, temperature=0.0)
+    assert resp["object"] == "text_completion" and resp["choices"][0]["finish_reason"] == "length"
+    assert resp["usage"]["completion_tokens"] == 8 and "tau" in resp["moa"]
+    chunks = list(gen.create_completion(g["prompt_ids"].tolist(), max_tokens=8, temperature=0.0, stream=True))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == resp["choices"][0]["text"]
+
+
+def test_sampling_is_seeded(fx):
+    g, gen, _, _ = fx
+    a = gen.generate(g["prompt_ids"].tolist(), max_tokens=12, temperature=1.0, seed=42, draft="chain:3")
+    b = gen.generate(g["prompt_ids"].tolist(), max_tokens=12, temperature=1.0, seed=42, draft="chain:3")
+    assert a.tokens == b.tokens
+
+
+def test_parse_draft():
+    assert parse_draft("chain:4") == DraftConfig("chain", chain=4)
+    assert parse_draft("tree:6,8,62") == DraftConfig("tree", depth=6, topk=8, total=62)
+    assert parse_draft("auto") == DraftConfig("auto", chain=8)
+    for bad in ("chain:x", "tree:1,2", "banana", "chain:0"):
+        with pytest.raises(ValueError):
+            parse_draft(bad)
+
+
+def test_cli_generate_json(fx):
+    g, _, tgt_path, drafter = fx
+    cmd = [sys.executable, "-m", "moa_cpp.cli", "generate", "-m", str(tgt_path), "-d", str(drafter),
+           "-p", "The quick brown fox", "--max-tokens", "12", "--json"]
+    out = {}
+    for extra in ([], ["--no-draft"], ["--chain", "3"], ["--tree", "3,3,10"]):
+        p = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        d = json.loads(p.stdout.strip().splitlines()[-1])
+        for k in ("text", "tokens", "n_tokens", "target_calls", "tau", "tokens_per_s"):
+            assert k in d
+        out[" ".join(extra)] = d["tokens"]
+    assert len(set(map(tuple, out.values()))) == 1          # every mode: the same greedy output
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--tree", "6,8"], "DEPTH,TOPK,TOTAL"),
+    (["--chain", "0"], "positive"),
+    (["--chain", "2", "--tree", "1,1,1"], "not allowed with"),
+    (["--max-tokens", "-3"], "positive"),
+])
+def test_cli_generate_bad_args(fx, args, msg):
+    _, _, tgt_path, drafter = fx
+    p = subprocess.run([sys.executable, "-m", "moa_cpp.cli", "generate", "-m", str(tgt_path), "-d", str(drafter),
+                        "-p", "x"] + args, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and msg in p.stderr
+
+
+def test_cli_generate_missing_drafter(fx, tmp_path):
+    _, _, tgt_path, _ = fx
+    p = subprocess.run([sys.executable, "-m", "moa_cpp.cli", "generate", "-m", str(tgt_path), "-p", "x"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--no-draft" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "moa_cpp.cli", "generate", "-m", str(tgt_path),
+                        "-d", str(tmp_path / "none.gguf"), "-p", "x"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "not found" in p.stderr
