@@ -31,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check-parity", help="check conversion + native drafter against a golden fixture folder")
     add_parity_arguments(c)
     c.set_defaults(func=run_parity)
+
+    from .train.cli import add_train_arguments, run_train
+    c = sub.add_parser("train", help="train a MoA drafter for a GGUF target (needs the 'train' extra: torch)")
+    add_train_arguments(c)
+    c.set_defaults(func=run_train)
     return p
 
 

@@ -13,5 +13,8 @@ python -m pip install -q --upgrade pip
 # Build requirements first: the native library is compiled against the *installed*
 # llama-cpp-python (one ggml per process), so the build runs without isolation.
 python -m pip install -q "llama-cpp-python==0.3.36" "scikit-build-core>=0.10" cmake ninja
-python -m pip install -q --no-build-isolation -e ".[test,models]"
+# The trainer's torch: the CPU build on this machine's disk (a bare "torch" would pull a
+# multi-GB CUDA build); everything else installs from pyproject's extras.
+python -m pip install -q "torch==2.13.0"
+python -m pip install -q --no-build-isolation -e ".[test,models,train,bench]"
 python -c "import moa_cpp.drafter as d, moa_cpp._native as n; print('moa_cpp ready:', n.LIBRARY_PATH)"

@@ -49,6 +49,10 @@ class SpeculativeLoop:
 
     def __init__(self, target: Target, proposer: Optional[Proposer], draft: DraftConfig) -> None:
         self.target = target
+        # Verification batches are kept to at most this many rows: measured on this CPU, llama.cpp
+        # computes a row bit-identically to a single-token decode in batches of up to 63 rows
+        # (SmolLM2 Q4_1 / Q8_0, flash attention); at 64 rows another kernel path takes over.
+        self.max_batch_rows = 63
         # Optional observer of every cycle: on_cycle(pos, root, proposal, scores, verdict) (tests,
         # diagnostics). Called after verification, before the commit.
         self.on_cycle = None
@@ -142,6 +146,8 @@ class SpeculativeLoop:
                 proposal = self.proposer.propose(feed, root, n, sp, rng, step_cfg)
                 stats.draft_rows += self.proposer.draft_rows
                 feed = []
+            if len(carry) + 1 + proposal.n > self.max_batch_rows:
+                proposal = proposal.prefix(self.max_batch_rows - 1 - len(carry))
             stats.t_drafter += time.perf_counter() - t
             # score: one target decode
             t = time.perf_counter()

@@ -31,6 +31,15 @@ class Proposal:
         z = np.zeros(0, np.int32)
         return Proposal(z, z.copy(), z.copy(), np.zeros(0, np.float32))
 
+    def prefix(self, k: int) -> "Proposal":
+        """The first k nodes (ancestor-closed: parents precede children)."""
+        if k >= self.n:
+            return self
+        cut = slice(0, max(0, k))
+        return Proposal(self.tokens[cut], self.parents[cut], self.depths[cut],
+                        None if self.scores is None else self.scores[cut],
+                        None if self.q is None else self.q[cut])
+
     def children(self) -> list[list[int]]:
         """children[i + 1] = child node indices of node i; children[0] = the root's children."""
         ch: list[list[int]] = [[] for _ in range(self.n + 1)]

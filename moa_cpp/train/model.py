@@ -1,0 +1,220 @@
+"""The MoA drafter in PyTorch (TLI 0), with the reference's tensor names (spec §17.1).
+
+One forward covers a whole teacher-forced sequence (spec §21.2): every position ``i`` gets a CA
+key/value from the target's K/V at ``i`` (LSA -> mean -> Ekv2E -> CA input norm -> k/v, RoPE ``i``)
+and a query row from ``token_embd[x_i]`` (SA -> CA -> target LM head, no final norm). The masks
+(:mod:`moa_cpp.train.masks`) decide what each row sees; with the T-step-bounded CA mask this is
+the training computation of the reference, and with "row ``n`` sees CA keys ``< n``" it is exactly
+the engine's inference computation for the root (the parity test).
+
+Parameter names are those of the reference's training snapshot (``self_attention.*``,
+``cross_attention.*``, ``layer_self_attention.*``, ``Ekv2E.*``), so :meth:`MoaDrafter.save` writes
+a Format-B snapshot that ``moa_cpp.convert.convert`` accepts; the frozen embedding / LM head are
+buffers and are not saved.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..random_drafter import DrafterSpec
+from .target_torch import apply_rope, rope_cos_sin
+
+__all__ = ["MoaDrafter", "DecoderLayer", "spec_from_config"]
+
+
+class RMSNorm(nn.Module):
+    """``w * x / sqrt(mean(x^2) + eps)`` (spec §16)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class Attention(nn.Module):
+    """Llama attention projections (no biases); the forward lives in the layers below."""
+
+    def __init__(self, width: int, heads: int, kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(width, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(width, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(width, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, width, bias=False)
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, width: int, ffn: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(width, ffn, bias=False)
+        self.up_proj = nn.Linear(width, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _heads(x: torch.Tensor, n: int, d: int) -> torch.Tensor:
+    """``[..., S, n*d]`` -> ``[..., n, S, d]``."""
+    return x.view(*x.shape[:-1], n, d).transpose(-3, -2)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """SDPA with GQA (KV head j serves query heads j*g..j*g+g-1) and a boolean mask (True = visible)."""
+    g = q.shape[-3] // k.shape[-3]
+    if g > 1:
+        k = k.repeat_interleave(g, dim=-3)
+        v = v.repeat_interleave(g, dim=-3)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm Llama decoder layer (SA and LSA; spec §4, §7)."""
+
+    def __init__(self, width: int, heads: int, kv_heads: int, head_dim: int, ffn: int, eps: float) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(width, eps)
+        self.self_attn = Attention(width, heads, kv_heads, head_dim)
+        self.mlp = MLP(width, ffn)
+        self.post_attention_layernorm = RMSNorm(width, eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: Optional[torch.Tensor]) -> torch.Tensor:
+        at = self.self_attn
+        a = self.input_layernorm(x)
+        q = apply_rope(_heads(at.q_proj(a), at.heads, at.head_dim), cos, sin)
+        k = apply_rope(_heads(at.k_proj(a), at.kv_heads, at.head_dim), cos, sin)
+        v = _heads(at.v_proj(a), at.kv_heads, at.head_dim)
+        o = _attend(q, k, v, mask).transpose(-3, -2)
+        x = x + at.o_proj(o.reshape(*o.shape[:-2], -1))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class CrossAttentionLayer(DecoderLayer):
+    """CA layer (spec §6, §8): query from the SA output, K/V from the normed Ekv2E output, one
+    shared ``input_layernorm``; K RoPE at the verified token's position, Q at the row's."""
+
+    def kv(self, e: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        at = self.self_attn
+        u = self.input_layernorm(e)
+        return (apply_rope(_heads(at.k_proj(u), at.kv_heads, at.head_dim), cos, sin),
+                _heads(at.v_proj(u), at.kv_heads, at.head_dim))
+
+    def forward_ca(self, h: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        at = self.self_attn
+        q = apply_rope(_heads(at.q_proj(self.input_layernorm(h)), at.heads, at.head_dim), cos, sin)
+        o = _attend(q, k, v, mask).transpose(-3, -2)
+        z = h + at.o_proj(o.reshape(*o.shape[:-2], -1))
+        return z + self.mlp(self.post_attention_layernorm(z))
+
+
+def spec_from_config(cfg: dict[str, Any]) -> DrafterSpec:
+    """The :class:`DrafterSpec` recorded in a snapshot ``config.json`` written by :meth:`MoaDrafter.save`."""
+    return DrafterSpec(**cfg["moa_cpp_init"]["spec"])
+
+
+class MoaDrafter(nn.Module):
+    """The trainable drafter plus the frozen target embedding / LM head (buffers, not saved)."""
+
+    def __init__(self, spec: DrafterSpec, embed: torch.Tensor, lm_head: Optional[torch.Tensor] = None) -> None:
+        super().__init__()
+        s = spec
+        self.spec = s
+        W, D, Dl = s.lsa_width, s.head_dim, s.lsa_head_dim
+        self.self_attention = DecoderLayer(s.d, s.n_head, s.sa_kv, D, s.sa_ffn, s.rms_eps)
+        self.cross_attention = CrossAttentionLayer(s.d, s.n_head, s.ca_kv, D, s.ca_ffn, s.rms_eps)
+        self.layer_self_attention = DecoderLayer(W, s.lsa_heads, s.lsa_kv, Dl, s.lsa_ffn, s.rms_eps)
+        self.Ekv2E = nn.Linear(W, s.d, bias=True)
+        self.register_buffer("embed", embed.detach().float(), persistent=False)
+        self.register_buffer("lm_head", (embed if lm_head is None else lm_head).detach().float(), persistent=False)
+
+    # ------------------------------------------------------------------ init / io
+
+    def init_weights(self, seed: int, std: float = 0.02) -> None:
+        """Reference init: N(0, std) for every Linear weight (biases 0); RMSNorm weights 1.
+
+        (The reference also draws RMSNorm weights from N(0, 0.02), spec §21.4 "a quirk"; a unit
+        norm trains faster from scratch and is what a converged layer looks like.)"""
+        g = torch.Generator().manual_seed(seed)
+        for name, p in sorted(self.named_parameters()):
+            with torch.no_grad():
+                if name.endswith("layernorm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith("bias"):
+                    p.zero_()
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g) * std)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The 29 trainable tensors under their HF names (spec §17.1)."""
+        return {k: v.detach().float().cpu().contiguous() for k, v in self.state_dict().items()}
+
+    def load_hf(self, tensors: dict[str, Any]) -> None:
+        """Load the 29 tensors (numpy or torch) of a Format A/B checkpoint."""
+        sd = {k.removeprefix("model."): torch.as_tensor(v).float() for k, v in tensors.items()}
+        self.load_state_dict(sd, strict=True)
+
+    def save(self, out_dir: str | os.PathLike[str], extra: Optional[dict[str, Any]] = None) -> Path:
+        """Write a Format-B snapshot (``config.json`` + F32 ``model.safetensors``) to ``out_dir``."""
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        cfg = self.spec.config() | {"moa_cpp_init": {"kind": "trained", "spec": asdict(self.spec)}}
+        if extra:
+            cfg["moa_cpp_train"] = extra
+        (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        save_file(self.hf_state_dict(), str(out / "model.safetensors"))
+        return out
+
+    # ------------------------------------------------------------------ forward
+
+    def ca_kv(self, lsa_in: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """CA keys/values of verified tokens: ``lsa_in`` ``[B, S, L, W]`` -> K, V ``[B, h_ca, S, D]``."""
+        s = self.spec
+        B, S, L, W = lsa_in.shape
+        pos_l = torch.arange(L, device=lsa_in.device)
+        cos, sin = rope_cos_sin(pos_l, s.lsa_head_dim, s.rope_theta)
+        y = self.layer_self_attention(lsa_in.reshape(B * S, L, W), cos, sin, None)  # no mask (§4)
+        e = self.Ekv2E(y.mean(dim=1)).view(B, S, s.d)
+        cos, sin = rope_cos_sin(positions, s.head_dim, s.rope_theta)
+        return self.cross_attention.kv(e, cos[:, None], sin[:, None])
+
+    def forward(self, tokens: torch.Tensor, lsa_in: torch.Tensor, sa_mask: torch.Tensor,
+                ca_mask: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Drafter output ``z`` ``[B, S, d]`` (feed :meth:`logits`).
+
+        Args:
+            tokens: ``[B, S]`` token ids (row ``i`` is the token at position ``i``).
+            lsa_in: ``[B, S, L, W]`` target K/V rows of every position (HF layout).
+            sa_mask / ca_mask: ``[B, 1, S, S]`` booleans, True = row may see column.
+            positions: ``[B, S]`` absolute positions (default ``0..S-1``).
+        """
+        B, S = tokens.shape
+        if positions is None:
+            positions = torch.arange(S, device=tokens.device).expand(B, S)
+        kc, vc = self.ca_kv(lsa_in, positions)
+        cos, sin = rope_cos_sin(positions, self.spec.head_dim, self.spec.rope_theta)
+        cos, sin = cos[:, None], sin[:, None]
+        x = F.embedding(tokens, self.embed) * self.spec.embedding_scale
+        h = self.self_attention(x, cos, sin, sa_mask)
+        return self.cross_attention.forward_ca(h, kc, vc, cos, sin, ca_mask)
+
+    def logits(self, z: torch.Tensor) -> torch.Tensor:
+        """Target LM head on ``z`` (TLI 0: no output norm, spec §9)."""
+        return z @ self.lm_head.T

@@ -1,0 +1,169 @@
+"""The frozen target re-run in PyTorch from its GGUF weights (training features, spec §21.2).
+
+The weights are read with gguf-py and dequantized with ``gguf.quants.dequantize`` to F32; the
+``attn_q`` / ``attn_k`` rows that llama.cpp's converter permuted per head for NORM rope
+(moa-architecture.md §18) are un-permuted back to HF order, so the forward below is the plain HF
+Llama forward (rotate-half RoPE) and its K is in HF layout, exactly what the drafter's LSA reads.
+
+Scope: ``general.architecture == "llama"`` only (SmolLM2, Llama-2/3 without rope scaling), no
+biases, no ``rope_freqs``. Other architectures raise :class:`NotImplementedError`; for them use the
+llama.cpp capture path (:meth:`moa_cpp.target.Target.captured_lsa_in`).
+
+Why a second implementation of the target: llama.cpp does not expose the post-norm hidden state
+through :class:`~moa_cpp.target.Target`, and this path also runs on a CUDA box without llama.cpp.
+llama.cpp quantizes activations (Q8) for its quantized matmuls, so its K/V and logits differ
+slightly from this F32 forward; tests/test_train.py states the measured differences.
+
+Example::
+
+    tt = TorchTarget.from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
+    out = tt.forward(torch.tensor([[1, 2, 3]]))
+    out.lsa_in.shape   # [1, 3, 30, 384]  (batch, tokens, layers, W) HF layout
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["TargetFeatures", "TorchTarget", "rope_cos_sin", "apply_rope", "unpermute_rows"]
+
+
+def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's per-head Q/K row permutation (convert_hf_to_gguf ``permute``):
+    GGUF rows ``(head, D/2, 2)`` back to HF rows ``(head, 2, D/2)``."""
+    out_dim = w.shape[0]
+    d = out_dim // n_head
+    return w.reshape(n_head, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
+                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF rotate-half cos/sin tables ``[..., head_dim]`` for integer ``positions``."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim))
+    ang = positions.to(torch.float64)[..., None] * inv
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE; ``x`` ``[B, heads, S, D]``, ``cos``/``sin`` broadcastable ``[B, 1, S, D]``."""
+    h = x.shape[-1] // 2
+    rot = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+    return x * cos + rot * sin
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+@dataclass
+class TargetFeatures:
+    """Per-token outputs of :meth:`TorchTarget.forward` (B = batch, S = tokens)."""
+
+    lsa_in: torch.Tensor    # [B, S, L, W] per-layer post-RoPE K | V, head-major, HF layout (spec §3.3)
+    hidden: torch.Tensor    # [B, S, d] post-final-norm last hidden state
+    logits: Optional[torch.Tensor]  # [B, S, V] (None unless requested)
+
+
+class TorchTarget(torch.nn.Module):
+    """A llama-architecture GGUF target as a frozen PyTorch module (F32 weights)."""
+
+    def __init__(self, weights: dict[str, np.ndarray], *, n_layer: int, n_head: int, n_head_kv: int,
+                 head_dim: int, rms_eps: float, rope_theta: float) -> None:
+        super().__init__()
+        self.n_layer, self.n_head, self.n_head_kv, self.head_dim = n_layer, n_head, n_head_kv, head_dim
+        self.rms_eps, self.rope_theta = rms_eps, rope_theta
+        self.embed = torch.nn.Parameter(torch.from_numpy(weights["token_embd.weight"]), requires_grad=False)
+        out = weights.get("output.weight")
+        self.lm_head = (self.embed if out is None
+                        else torch.nn.Parameter(torch.from_numpy(out), requires_grad=False))
+        self.output_norm = torch.nn.Parameter(torch.from_numpy(weights["output_norm.weight"]), requires_grad=False)
+        self.layers = torch.nn.ModuleList()
+        for i in range(n_layer):
+            m = torch.nn.Module()
+            for k in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                      "ffn_gate", "ffn_up", "ffn_down"):
+                setattr(m, k, torch.nn.Parameter(torch.from_numpy(weights[f"blk.{i}.{k}.weight"]),
+                                                 requires_grad=False))
+            self.layers.append(m)
+
+    @property
+    def lsa_width(self) -> int:
+        """W = 2 * H_kv * head_dim."""
+        return 2 * self.n_head_kv * self.head_dim
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike[str]) -> "TorchTarget":
+        """Load and dequantize a llama-architecture GGUF (Q/K rows un-permuted to HF order)."""
+        import gguf
+
+        r = gguf.GGUFReader(str(path))
+
+        def field(key: str, default=None):
+            f = r.fields.get(key)
+            return default if f is None else f.contents()
+
+        arch = field("general.architecture")
+        if arch != "llama":
+            raise NotImplementedError(f"TorchTarget supports llama-architecture GGUFs only, not {arch!r}; "
+                                      "use the llama.cpp capture path for this target")
+        if field("llama.rope.scaling.type") not in (None, "none"):
+            raise NotImplementedError("TorchTarget: rope scaling is not implemented")
+        n_layer = int(field("llama.block_count"))
+        n_head = int(field("llama.attention.head_count"))
+        n_kv = int(field("llama.attention.head_count_kv", n_head))
+        d = int(field("llama.embedding_length"))
+        head_dim = int(field("llama.attention.key_length", d // n_head))
+        eps = float(field("llama.attention.layer_norm_rms_epsilon", 1e-5))
+        theta = float(field("llama.rope.freq_base", 10000.0))
+        weights: dict[str, np.ndarray] = {}
+        for t in r.tensors:
+            if t.name == "rope_freqs.weight":
+                raise NotImplementedError("TorchTarget: rope_freqs (llama3 rope scaling) is not implemented")
+            w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+            shape = tuple(int(x) for x in reversed(list(t.shape)))
+            w = np.ascontiguousarray(w.reshape(shape))
+            if t.name.endswith("attn_q.weight"):
+                w = np.ascontiguousarray(unpermute_rows(w, n_head))
+            elif t.name.endswith("attn_k.weight"):
+                w = np.ascontiguousarray(unpermute_rows(w, n_kv))
+            weights[t.name] = w
+        return cls(weights, n_layer=n_layer, n_head=n_head, n_head_kv=n_kv, head_dim=head_dim,
+                   rms_eps=eps, rope_theta=theta)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, positions: Optional[torch.Tensor] = None,
+                want_logits: bool = False) -> TargetFeatures:
+        """Causal forward of ``tokens`` ``[B, S]`` (right padding is harmless: causal mask).
+
+        Returns per-layer post-RoPE K/V (HF layout) as LSA input rows, the post-norm hidden state
+        and optionally the logits.
+        """
+        B, S = tokens.shape
+        if positions is None:
+            positions = torch.arange(S, device=tokens.device).expand(B, S)
+        H, Hk, D = self.n_head, self.n_head_kv, self.head_dim
+        cos, sin = rope_cos_sin(positions, D, self.rope_theta)
+        cos, sin = cos[:, None], sin[:, None]
+        x = F.embedding(tokens, self.embed)
+        kv_rows = []
+        for m in self.layers:
+            a = _rms(x, m.attn_norm, self.rms_eps)
+            q = (a @ m.attn_q.T).view(B, S, H, D).transpose(1, 2)
+            k = (a @ m.attn_k.T).view(B, S, Hk, D).transpose(1, 2)
+            v = (a @ m.attn_v.T).view(B, S, Hk, D).transpose(1, 2)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            kv_rows.append(torch.cat([k, v], dim=-1).transpose(1, 2).reshape(B, S, 2 * Hk * D))
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=(H != Hk))
+            x = x + o.transpose(1, 2).reshape(B, S, H * D) @ m.attn_output.T
+            f = _rms(x, m.ffn_norm, self.rms_eps)
+            x = x + (F.silu(f @ m.ffn_gate.T) * (f @ m.ffn_up.T)) @ m.ffn_down.T
+        h = _rms(x, self.output_norm, self.rms_eps)
+        return TargetFeatures(lsa_in=torch.stack(kv_rows, dim=2), hidden=h,
+                              logits=(h @ self.lm_head.T) if want_logits else None)

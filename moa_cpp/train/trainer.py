@@ -1,0 +1,357 @@
+"""The training recipe of moa-architecture.md §21, scaled to a CPU-sized run.
+
+Per step (teacher forcing, one forward over whole sequences):
+
+- features of the frozen target (:class:`~moa_cpp.train.target_torch.TorchTarget`, computed once
+  per sample and cached as F16 K/V rows + F32 post-norm hidden states);
+- masks of §21.3 (:mod:`moa_cpp.train.masks`): ``T ~ U{t_min..t_max}`` per sequence, staircase SA
+  with probability ``max(0, 1 - progress / 0.5)`` (the paper's ``1 - epoch / (E/2)`` with progress
+  = step / total steps);
+- loss over response positions: ``0.1 * softCE(p_target, q_drafter) + SmoothL1(z, h)`` (TLI 0);
+- AdamW beta (0.9, 0.95), weight decay 0, grad-norm clip 1.0; LR: linear warm-up to ``lr`` over
+  ``min(50, 5 %)`` of the steps, then linear decay to ``lr / 20`` at the end (the paper's
+  "zero-peak-constant" 0 -> 20x base -> base, with the decay stretched over the whole run because
+  our runs are a few epochs, not 40).
+
+Held-out acceptance estimate (``eval_acceptance``): on held-out greedy samples, with CA bounded at
+every 5th position (a chain-4 cycle: root + 4 drafts), the drafter's argmax at each row is
+compared with the target's; ``tau`` = 1 + mean run of agreements from each boundary (<= 4), the
+expected tokens per target call of greedy chain-4 speculation if llama.cpp's target agreed with
+the F32 one. TLI N > 0 is not implemented yet (the trainer always trains TLI 0).
+
+Deterministic for a fixed ``steps`` (seeded init, data order, T and staircase draws; CPU torch
+kernels are deterministic at a fixed thread count). ``minutes`` instead chooses ``steps`` from the
+measured speed of the first steps (recorded in the checkpoint, so a resume keeps it).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..random_drafter import DrafterSpec
+from .data import Dataset
+from .masks import bounded_masks
+from .model import MoaDrafter
+from .target_torch import TorchTarget
+
+__all__ = ["TrainSettings", "FeatureStore", "compute_features", "Trainer", "eval_acceptance", "lr_at"]
+
+
+@dataclass
+class TrainSettings:
+    """Optimisation settings (recorded in checkpoints and the snapshot config)."""
+
+    seed: int = 0
+    steps: Optional[int] = None         # exact step count (deterministic); else from minutes/epochs
+    minutes: Optional[float] = None     # wall-clock budget for the optimisation loop
+    epochs: float = 4.0                 # upper bound on passes over the training split
+    batch_tokens: int = 2048            # tokens per step (sequences packed up to this, padded)
+    lr: float = 6e-4                    # peak LR (paper: 20 x 3e-5)
+    min_lr_ratio: float = 0.05          # final LR = lr * ratio (paper: base = peak / 20)
+    warmup: int = 50                    # paper: 50 steps; capped at 5 % of the run
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    ce_weight: float = 0.1
+    t_min: int = 6
+    t_max: int = 14
+    staircase_until: float = 0.5        # staircase probability reaches 0 at this run fraction
+    holdout: int = 12                   # held-out greedy samples for the acceptance estimate
+    eval_every: int = 50
+    ckpt_every: int = 50
+    threads: int = 2
+    bf16: bool = True                   # CPU autocast bf16 for the matmuls (F32 master weights)
+    init_std: float = 0.02
+
+
+def lr_at(step: int, total: int, s: TrainSettings) -> float:
+    """Warm-up then linear decay (see module docstring)."""
+    warm = max(1, min(s.warmup, total // 20))
+    if step < warm:
+        return s.lr * (step + 1) / warm
+    frac = (step - warm) / max(1, total - warm)
+    return s.lr * (1.0 - (1.0 - s.min_lr_ratio) * min(1.0, frac))
+
+
+class FeatureStore:
+    """Cached target features of a dataset: F16 LSA rows ``[tokens, L, W]`` + F32 hidden ``[tokens, d]``."""
+
+    def __init__(self, lsa: np.ndarray, hidden: np.ndarray) -> None:
+        self.lsa, self.hidden = lsa, hidden
+
+
+def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = None,
+                     log: Callable[[str], None] = print, max_tokens: int = 4096) -> FeatureStore:
+    """Run the torch target over every sample once (cached in ``cache_dir`` when given)."""
+    n_tok = len(ds.tokens)
+    L, W, d = tt.n_layer, tt.lsa_width, tt.embed.shape[1]
+    if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        done = cache_dir / "done.json"
+        if done.is_file() and json.loads(done.read_text()).get("n_tokens") == n_tok:
+            return FeatureStore(np.load(cache_dir / "lsa.npy", mmap_mode="r"), np.load(cache_dir / "hidden.npy"))
+        lsa = np.lib.format.open_memmap(cache_dir / "lsa.npy", mode="w+", dtype=np.float16, shape=(n_tok, L, W))
+    else:
+        lsa = np.empty((n_tok, L, W), dtype=np.float16)
+    hidden = np.empty((n_tok, d), dtype=np.float32)
+    t0 = time.time()
+    from tqdm import tqdm
+    order = np.argsort(np.diff(ds.offsets))
+    i = 0
+    with tqdm(total=n_tok, desc="target features", unit="tok", mininterval=5) as bar:
+        while i < len(order):
+            # group samples of similar length into one padded batch
+            S = int(np.diff(ds.offsets)[order[i]])
+            grp = [order[i]]
+            i += 1
+            while i < len(order):
+                S2 = int(np.diff(ds.offsets)[order[i]])
+                if S2 * (len(grp) + 1) > max_tokens:
+                    break
+                grp.append(order[i])
+                S = S2
+                i += 1
+            toks = torch.zeros(len(grp), S, dtype=torch.long)
+            for r, j in enumerate(grp):
+                s = ds.sample(j)
+                toks[r, :len(s)] = torch.from_numpy(s.astype(np.int64))
+            out = tt(toks)
+            for r, j in enumerate(grp):
+                a, b = ds.offsets[j], ds.offsets[j + 1]
+                lsa[a:b] = out.lsa_in[r, :b - a].numpy().astype(np.float16)
+                hidden[a:b] = out.hidden[r, :b - a].numpy()
+                bar.update(int(b - a))
+    log(f"features: {n_tok} tokens in {time.time() - t0:.0f}s ({n_tok / max(time.time() - t0, 1e-9):.0f} tok/s)")
+    if cache_dir is not None:
+        lsa.flush()
+        np.save(cache_dir / "hidden.npy", hidden)
+        (cache_dir / "done.json").write_text(json.dumps({"n_tokens": n_tok}))
+    return FeatureStore(lsa, hidden)
+
+
+def _batch(ds: Dataset, fs: FeatureStore, idx: list[int]) -> dict[str, torch.Tensor]:
+    """Right-padded tensors of samples ``idx``."""
+    lens = [int(ds.offsets[j + 1] - ds.offsets[j]) for j in idx]
+    B, S = len(idx), max(lens)
+    L, W = fs.lsa.shape[1:]
+    toks = torch.zeros(B, S, dtype=torch.long)
+    lsa = torch.zeros(B, S, L, W)
+    hid = torch.zeros(B, S, fs.hidden.shape[1])
+    resp = torch.zeros(B, S, dtype=torch.bool)
+    for r, j in enumerate(idx):
+        a, b = int(ds.offsets[j]), int(ds.offsets[j + 1])
+        toks[r, :b - a] = torch.from_numpy(ds.tokens[a:b].astype(np.int64))
+        lsa[r, :b - a] = torch.from_numpy(np.asarray(fs.lsa[a:b], dtype=np.float32))
+        hid[r, :b - a] = torch.from_numpy(fs.hidden[a:b])
+        resp[r, int(ds.prompt_len[j]):b - a] = True
+    return {"tokens": toks, "lsa": lsa, "hidden": hid, "response": resp}
+
+
+def _pack(order: np.ndarray, lens: np.ndarray, batch_tokens: int) -> list[list[int]]:
+    """Greedy packing of samples (in ``order``) into batches of at most ``batch_tokens`` padded tokens."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    mx = 0
+    for j in order:
+        m = max(mx, int(lens[j]))
+        if cur and m * (len(cur) + 1) > batch_tokens:
+            out.append(cur)
+            cur, mx = [], 0
+            m = int(lens[j])
+        cur.append(int(j))
+        mx = m
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _autocast(enabled: bool):
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled) if enabled else torch.autocast("cpu", enabled=False)
+
+
+def loss_fn(model: MoaDrafter, b: dict[str, torch.Tensor], T: torch.Tensor, stair: torch.Tensor,
+            ce_weight: float, bf16: bool) -> tuple[torch.Tensor, dict[str, float]]:
+    """0.1 * soft-CE + SmoothL1 over response positions (spec §21.2, TLI 0)."""
+    sa, ca, _ = bounded_masks(b["response"], T, stair)
+    with _autocast(bf16):
+        z = model(b["tokens"], b["lsa"], sa, ca)
+    sel = b["response"]
+    zr = z[sel].float()
+    hr = b["hidden"][sel]
+    with _autocast(bf16):
+        with torch.no_grad():
+            p = torch.softmax(model.logits(hr).float(), dim=-1)
+        logq = torch.log_softmax(model.logits(zr).float(), dim=-1)
+    ce = -(p * logq).sum(-1).mean()
+    feat = F.smooth_l1_loss(zr, hr, reduction="none").mean(-1).mean()
+    loss = ce_weight * ce + feat
+    return loss, {"loss": float(loss), "ce": float(ce), "feat": float(feat)}
+
+
+@torch.no_grad()
+def eval_acceptance(model: MoaDrafter, ds: Dataset, fs: FeatureStore, idx: list[int], depth: int = 4,
+                    bf16: bool = False) -> dict[str, float]:
+    """Held-out greedy chain-``depth`` acceptance estimate (module docstring)."""
+    model.eval()
+    runs: list[int] = []
+    agree = np.zeros(depth)
+    count = np.zeros(depth)
+    for j in idx:
+        b = _batch(ds, fs, [j])
+        resp = b["response"]
+        T = torch.tensor([depth + 1])
+        sa, ca, start = bounded_masks(resp, T, torch.tensor([False]))
+        with _autocast(bf16):
+            z = model(b["tokens"], b["lsa"], sa, ca)
+        dr = model.logits(z[0].float()).argmax(-1)
+        tg = model.logits(b["hidden"][0]).argmax(-1)
+        ok = (dr == tg).numpy()
+        st = start[0].numpy()
+        S = len(ok)
+        # chain starts at every verified position b inside/just before the response
+        for bpos in range(int(ds.prompt_len[j]) - 1, S - depth - 1):
+            if st[bpos] != bpos:
+                continue
+            run = 0
+            for k in range(1, depth + 1):
+                count[k - 1] += 1
+                if ok[bpos + k]:
+                    agree[k - 1] += 1
+                    run += 1
+                else:
+                    break
+            runs.append(run)
+    model.train()
+    res = {"tau": 1.0 + (float(np.mean(runs)) if runs else 0.0), "cycles": float(len(runs))}
+    for k in range(depth):
+        res[f"acc@{k + 1}"] = float(agree[k] / max(count[k], 1))
+    return res
+
+
+class Trainer:
+    """Owns the model, optimiser, data split and checkpoints of one run directory."""
+
+    def __init__(self, spec: DrafterSpec, tt: TorchTarget, ds: Dataset, fs: FeatureStore, out_dir: Path,
+                 settings: TrainSettings, log: Callable[[str], None] = print) -> None:
+        self.s = settings
+        self.ds, self.fs, self.out, self.log = ds, fs, Path(out_dir), log
+        torch.set_num_threads(settings.threads)
+        torch.manual_seed(settings.seed)
+        self.model = MoaDrafter(spec, tt.embed.data, None if tt.lm_head is tt.embed else tt.lm_head.data)
+        self.model.init_weights(settings.seed, settings.init_std)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, betas=(0.9, 0.95),
+                                     weight_decay=settings.weight_decay)
+        rng = np.random.default_rng(settings.seed)
+        greedy = np.flatnonzero(ds.greedy)
+        self.heldout = sorted(rng.permutation(greedy)[: min(settings.holdout, max(0, len(greedy) // 5))].tolist())
+        held = set(self.heldout)
+        self.train_idx = np.asarray([i for i in range(len(ds)) if i not in held])
+        self.lens = np.diff(ds.offsets)
+        self.step = 0
+        self.total: Optional[int] = settings.steps
+        self.history: list[dict] = []
+        self.ckpt = self.out / "checkpoint.pt"
+
+    # ------------------------------------------------------------------ data order
+
+    def _batches_of_epoch(self, epoch: int) -> list[list[int]]:
+        rng = np.random.default_rng(self.s.seed * 1000 + epoch)
+        order = rng.permutation(self.train_idx)
+        batches = _pack(order, self.lens, self.s.batch_tokens)
+        return [batches[k] for k in rng.permutation(len(batches))]
+
+    def steps_per_epoch(self) -> int:
+        return len(self._batches_of_epoch(0))
+
+    def _draws(self, step: int, n: int, progress: float) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.s.seed * 7919 + step)
+        T = torch.randint(self.s.t_min, self.s.t_max + 1, (n,), generator=g)
+        p_stair = max(0.0, 1.0 - progress / self.s.staircase_until) if self.s.staircase_until > 0 else 0.0
+        stair = torch.rand(n, generator=g) < p_stair
+        return T, stair
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self) -> None:
+        tmp = self.ckpt.with_suffix(".tmp")
+        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                    "total": self.total, "settings": asdict(self.s), "history": self.history}, tmp)
+        os.replace(tmp, self.ckpt)
+
+    def try_resume(self) -> bool:
+        if not self.ckpt.is_file():
+            return False
+        st = torch.load(self.ckpt, weights_only=False)
+        self.model.load_state_dict(st["model"])
+        self.opt.load_state_dict(st["opt"])
+        self.step, self.total, self.history = st["step"], st["total"], st["history"]
+        self.log(f"train: resumed at step {self.step}/{self.total}")
+        return True
+
+    # ------------------------------------------------------------------ loop
+
+    def evaluate(self) -> dict[str, float]:
+        return eval_acceptance(self.model, self.ds, self.fs, self.heldout, bf16=self.s.bf16)
+
+    def run(self) -> dict:
+        """Train to the end (resuming if a checkpoint exists); returns the final summary."""
+        from tqdm import tqdm
+
+        s = self.s
+        spe = self.steps_per_epoch()
+        max_steps = int(math.ceil(s.epochs * spe))
+        resumed = self.try_resume()
+        if not resumed:
+            ev = self.evaluate()
+            self.history.append({"step": 0, "tokens": 0, **ev})
+            self.log(f"train: init held-out tau {ev['tau']:.3f}  {spe} steps/epoch, held-out {len(self.heldout)} samples")
+        t_start = time.time()
+        calib_at = self.step + 5
+        total_guess = self.total or max_steps
+        bar = tqdm(total=total_guess, initial=self.step, desc="train", unit="step", mininterval=2)
+        last = {}
+        tokens_seen = self.history[-1].get("tokens", 0) if self.history else 0
+        while self.total is None or self.step < self.total:
+            epoch, k = divmod(self.step, spe)
+            batch_ids = self._batches_of_epoch(epoch)[k]
+            total = self.total or total_guess
+            progress = self.step / max(1, total)
+            b = _batch(self.ds, self.fs, batch_ids)
+            T, stair = self._draws(self.step, len(batch_ids), progress)
+            for g in self.opt.param_groups:
+                g["lr"] = lr_at(self.step, total, s)
+            loss, parts = loss_fn(self.model, b, T, stair, s.ce_weight, s.bf16)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.clip)
+            self.opt.step()
+            self.step += 1
+            tokens_seen += int(b["response"].sum())
+            last = parts | {"gn": float(gn), "lr": self.opt.param_groups[0]["lr"]}
+            if self.total is None and self.step >= calib_at:
+                per = (time.time() - t_start) / (self.step - (calib_at - 5))
+                budget = s.minutes * 60 if s.minutes else float("inf")
+                self.total = int(min(max_steps, self.step + max(0, (budget - (time.time() - t_start)) / per)))
+                bar.total = self.total
+                self.log(f"train: {per:.2f}s/step -> {self.total} steps ({self.total / spe:.2f} epochs)")
+            if self.step % s.eval_every == 0 or self.step == self.total:
+                ev = self.evaluate()
+                self.history.append({"step": self.step, "tokens": tokens_seen, **parts, **ev})
+                last["tau"] = ev["tau"]
+            if self.step % s.ckpt_every == 0 or self.step == self.total:
+                self.save_checkpoint()
+            bar.set_postfix({k2: f"{v:.3g}" for k2, v in last.items() if k2 in ("loss", "ce", "feat", "lr", "tau")})
+            bar.update(1)
+        bar.close()
+        summary = {"steps": self.step, "epochs": self.step / spe, "final": last, "history": self.history,
+                   "train_seconds_this_run": time.time() - t_start}
+        (self.out / "history.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
