@@ -257,3 +257,53 @@ def test_drafter_state_does_not_drift(ctx):
     assert int(np.argmax(last_loop)) == int(np.argmax(fresh_next))
     np.testing.assert_allclose(last_loop, fresh_next, rtol=0, atol=1e-3 * np.abs(fresh_next).max())
     fresh_t.close()
+
+
+def test_long_context_near_ties_counted(tmp_path):
+    """Beyond 256 cached tokens, llama.cpp's 2-thread flash attention splits a single query's
+    KV across threads (measured: single-token logits then differ from batch rows by up to ~0.8
+    on SmolLM2; with 1 thread they stay bit-identical). Speculative greedy output may therefore
+    leave plain decoding there only at a near-tie: every divergence must have a plain top-2
+    margin below the measured batch noise, and is counted (printed), never hidden."""
+    try:
+        path = models.smollm2_path()
+    except models.ModelNotInstalledError as e:
+        pytest.skip(str(e))
+    target = Target.from_path(path, n_ctx=1024, n_batch=256, n_threads=2)
+    text = " ".join(PROMPTS) * 3
+    ids = target.tokenize("Summarize the following lines.\n" + text, add_bos=True).tolist()[:300]
+    assert len(ids) == 300
+    noise = 0.0
+    target.clear()
+    lg = target.decode(ids[:256], capture=False)
+    lg = target.decode(ids[256:], list(range(256, 300)), capture=False)
+    x, n = int(lg[-1].argmax()), 300
+    for _ in range(12):
+        s1 = target.decode([x], [n], capture=False)[0].copy()
+        target.rollback(n)
+        s4 = target.decode([x, 7, 7, 7], list(range(n, n + 4)), capture=False)[0]
+        target.rollback(n)
+        noise = max(noise, float(np.abs(s1 - s4).max()))
+        target.decode([x], [n], capture=False)
+        x, n = int(s1.argmax()), n + 1
+    plain = SpeculativeLoop(target, None, DraftConfig("none"))
+    rows = []
+    plain.on_cycle = lambda pos, root, prop, sc, v: rows.append(sc.logits[0].copy())
+    ref, st = run(plain, ids, max_tokens=40)
+    reference = ref + ([st.eog_token] if st.finish_reason == "stop" else [])
+    divergences = []
+    for rate in (0.6, 0.9):
+        cfg = DraftConfig("chain", chain=4)
+        loop = SpeculativeLoop(target, OracleProposer(reference, len(ids), rate, target.n_vocab, cfg, seed=3), cfg)
+        chk = Checker()
+        loop.on_cycle = chk
+        toks, _ = run(loop, ids, cfg, max_tokens=40)
+        if toks != ref:
+            j = next(k for k in range(min(len(toks), len(ref))) if toks[k] != ref[k])
+            top2 = np.sort(rows[j - 1])[-2:]
+            margin = float(top2[1] - top2[0])
+            assert margin <= noise, f"divergence at token {j} with margin {margin:.3f} > noise {noise:.3f}"
+            divergences.append((rate, j, margin))
+    print(f"\n[lossless] smollm2 long context (300 tokens, 2 threads): batch noise {noise:.3f}; "
+          f"near-tie divergences: {divergences or 'none'}")
+    target.close()
