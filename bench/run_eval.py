@@ -116,7 +116,8 @@ def main(argv=None) -> int:
                              "calls": st.target_calls, "identical": toks == ref, "t_target": st.t_target,
                              "t_drafter": st.t_drafter, "t_capture": st.t_capture, "t_overhead": st.t_overhead,
                              "t_prefill": st.t_prefill, "accepted_by_depth": st.accepted_by_depth,
-                             "proposed_by_depth": st.proposed_by_depth}
+                             "proposed_by_depth": st.proposed_by_depth,
+                             "auto_choices": {str(k): v for k, v in st.auto_choices.items()}}
             records.append(rec)
             print(f"{set_name}[{qi}] {len(ref)} tok plain {rec['plain']['tokens_per_s']:.1f} tok/s | " +
                   " | ".join(f"{n} {rec[n]['tokens_per_s']:.1f} tok/s tau {rec[n]['tau']:.2f}"

@@ -138,6 +138,7 @@ class SpeculativeLoop:
                 if k == 0 and stats.target_calls % 8 == 7:
                     k = 1                  # keep measuring acceptance while plain decoding wins
                 step_cfg = DraftConfig("chain", chain=k) if k else DraftConfig("none")
+                stats.auto_choices[k] = stats.auto_choices.get(k, 0) + 1
             if step_cfg.mode == "chain" and step_cfg.chain > left:
                 step_cfg = DraftConfig("chain", chain=left)
             if step_cfg.mode == "none":

@@ -17,6 +17,7 @@ class SpecStats:
     # proposed_by_depth[d] = cycles that proposed at least one node at depth d + 1
     accepted_by_depth: list = field(default_factory=list)
     accept_lengths: list = field(default_factory=list)   # per cycle: accepted + 1 (tokens it emitted)
+    auto_choices: dict = field(default_factory=dict)     # cost-aware mode: chain length -> cycles
     proposed_by_depth: list = field(default_factory=list)
     t_prefill: float = 0.0        # s, prompt decode + drafter commit of the prompt
     t_target: float = 0.0         # s, verification llama_decode calls (capture included)

@@ -35,13 +35,17 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-parallel", type=int, default=16, help="sequences decoded together by llama.cpp")
     p.add_argument("--gen-threads", type=int, default=1,
                    help="llama.cpp threads for data generation (1 is fastest on a busy 2-core box)")
+    p.add_argument("--extra-data", nargs="*", default=[],
+                   help="more data directories (written by an earlier run) to train on as well")
+    p.add_argument("--data-only", action="store_true", help="stop after generating the data")
     p.add_argument("--minutes", type=float, default=None, help="time budget of the optimisation loop")
     p.add_argument("--steps", type=int, default=None, help="exact number of steps (deterministic)")
     p.add_argument("--epochs", type=float, default=4.0, help="maximum passes over the data")
     p.add_argument("--batch-tokens", type=int, default=2048)
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (1 measured faster than 2 on a 2-core box that also runs other work)")
     p.add_argument("--no-bf16", action="store_true", help="train in F32 (default: bf16 autocast on CPU)")
     p.add_argument("--sa-ffn", type=int, default=1024)
     p.add_argument("--ca-ffn", type=int, default=1024)
@@ -65,7 +69,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     from ..convert import convert
     from ..random_drafter import spec_from_target
-    from .data import DataSettings, generate_dataset
+    from .data import DataSettings, concat_datasets, generate_dataset, load_dataset
     from .target_torch import TorchTarget
     from .trainer import Trainer, TrainSettings, compute_features
 
@@ -78,9 +82,13 @@ def run_train(args: argparse.Namespace) -> int:
                         n_parallel=args.n_parallel, max_new_tokens=args.max_new_tokens,
                         greedy_fraction=args.greedy_fraction, n_threads=args.gen_threads)
     ds = generate_dataset(target, out / "data", dset, prompt_files=args.prompts)
+    if args.data_only:
+        return 0
+    if args.extra_data:
+        ds = concat_datasets([ds] + [load_dataset(d) for d in args.extra_data])
     t_data = time.time() - t0
     tt = TorchTarget.from_gguf(target)
-    fs = compute_features(tt, ds, out / "features")
+    fs = compute_features(tt, ds, out / "features", bf16=not args.no_bf16)
     t_feat = time.time() - t0 - t_data
     spec = spec_from_target(target, sa_ffn=args.sa_ffn, ca_ffn=args.ca_ffn, lsa_ffn=args.lsa_ffn)
     ts = TrainSettings(seed=args.seed, steps=args.steps, minutes=args.minutes, epochs=args.epochs,
@@ -91,6 +99,7 @@ def run_train(args: argparse.Namespace) -> int:
     t_train = time.time() - t0 - t_data - t_feat
     snap = tr.model.save(out / "snapshot", extra={"settings": {k: v for k, v in vars(ts).items()},
                                                   "data_manifest": json.loads((out / "data" / "manifest.json").read_text()),
+                                                  "extra_data": [str(d) for d in args.extra_data],
                                                   "final": summary["final"]})
     gguf = convert(snap, out / "drafter.gguf", outtype=args.outtype, target_gguf=target, progress=False)
     if args.install_default:

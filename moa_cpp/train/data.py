@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 
 __all__ = ["DataSettings", "Dataset", "load_prompt_files", "user_prefix", "batched_generate",
-           "generate_dataset", "load_dataset", "file_sha256"]
+           "generate_dataset", "load_dataset", "concat_datasets", "file_sha256"]
 
 _PLACEHOLDER = "\u2063MOA_USER_PLACEHOLDER\u2063"
 _PROMPT_KEYS = ("prompt", "instruction", "question", "text", "input", "query")
@@ -49,6 +49,7 @@ class DataSettings:
     top_p: float = 0.95
     n_ctx: int = 8192
     n_threads: Optional[int] = None
+    chat: bool = True                   # wrap prompts in the chat template (False: raw text, e.g. base models)
 
 
 @dataclass
@@ -250,7 +251,10 @@ def generate_dataset(target_path: str | os.PathLike[str], out_dir: str | os.Path
             users = users[: st.n_samples]
             log(f"data: {len(users)} self-generated instructions in {stats['instr_seconds']:.0f}s "
                 f"({stats['instr_generated_tokens'] / max(stats['instr_seconds'], 1e-9):.0f} tok/s)")
-        prompts = [tokenize(tg.apply_chat_template([{"role": "user", "content": u}])) for u in users]
+        if st.chat:
+            prompts = [tokenize(tg.apply_chat_template([{"role": "user", "content": u}])) for u in users]
+        else:
+            prompts = [tg.tokenize(u, add_bos=True, special=False) for u in users]
         greedy = rng.random(len(prompts)) < st.greedy_fraction
         temps = [0.0 if g else st.resp_temperature for g in greedy]
         t0 = time.time()
@@ -283,6 +287,18 @@ def generate_dataset(target_path: str | os.PathLike[str], out_dir: str | os.Path
     log(f"data: {len(ds)} samples, {len(ds.tokens)} tokens ({ds.n_response_tokens} response) "
         f"in {man['seconds']:.0f}s -> {out}")
     return ds
+
+
+def concat_datasets(parts: Sequence[Dataset]) -> Dataset:
+    """One dataset holding the conversations of ``parts`` in order."""
+    offs, base = [np.zeros(1, np.int64)], 0
+    for d in parts:
+        offs.append(d.offsets[1:] + base)
+        base += int(d.offsets[-1])
+    return Dataset(tokens=np.concatenate([d.tokens for d in parts]).astype(np.int32),
+                   offsets=np.concatenate(offs).astype(np.int64),
+                   prompt_len=np.concatenate([d.prompt_len for d in parts]).astype(np.int32),
+                   greedy=np.concatenate([d.greedy for d in parts]).astype(bool))
 
 
 def load_dataset(out_dir: str | os.PathLike[str]) -> Dataset:
