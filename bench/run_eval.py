@@ -158,6 +158,13 @@ def main(argv=None) -> int:
         n = sum(summary[name][s]["n"] for s in args.sets)
         print(f"{name}: time split target {tt['t_target'] / tot:.0%}, drafter {tt['t_drafter'] / tot:.0%}, "
               f"capture {tt['t_capture'] / tot:.1%}, python {tt['t_overhead'] / tot:.0%}; identical to plain {ident}/{n}")
+        choices: dict = {}
+        for r in records:
+            for k, v in r[name].get("auto_choices", {}).items():
+                choices[int(k)] = choices.get(int(k), 0) + v
+        if choices:
+            summary[name]["auto_choices"] = choices
+            print(f"{name}: cost-aware chain lengths chosen (k: cycles) {dict(sorted(choices.items()))}")
 
     out = {"commit": git_commit(), "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
            "model": model, "drafter": args.drafter, "max_tokens": args.max_tokens, "prompts_per_set": args.prompts,
