@@ -162,6 +162,7 @@ class Target:
             raise InvalidArgumentError(f"n_seq_max ({n_seq_max}) must be <= n_batch ({n_batch})")
         n_ubatch = n_batch if n_ubatch is None else n_ubatch
         threads = n_threads or _default_threads()
+        self.n_threads: int = threads
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_layer: int = llama_cpp.llama_model_n_layer(self._model)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)

@@ -32,7 +32,8 @@ def measure_verify_cost(target: Target, ks=(1, 2, 3, 4, 5, 6, 7, 8, 9), reps: in
     context, for each k; cached on disk per model file, size, threads and flash attention.
     Leaves the target's KV cache empty."""
     st = target.path.stat()
-    key = f"{target.path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{os.cpu_count()}|fa{int(target.flash_attn)}"
+    key = (f"{target.path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{os.cpu_count()}|t{target.n_threads}"
+           f"|fa{int(target.flash_attn)}")
     cache = {}
     if use_cache and _cache_file().is_file():
         try:

@@ -53,6 +53,11 @@ class SpeculativeLoop:
         # computes a row bit-identically to a single-token decode in batches of up to 63 rows
         # (SmolLM2 Q4_1 / Q8_0, flash attention); at 64 rows another kernel path takes over.
         self.max_batch_rows = 63
+        # cost-aware mode: T(k) of this target (measured once, cached on disk) and the
+        # acceptance seen so far, kept across generations
+        self._verify_cost: Optional[dict] = None
+        self.tracker = AcceptanceTracker()
+        self.auto_give_up = 16     # consecutive "don't draft" decisions that end drafting for a generation
         # Optional observer of every cycle: on_cycle(pos, root, proposal, scores, verdict) (tests,
         # diagnostics). Called after verification, before the commit.
         self.on_cycle = None
@@ -82,6 +87,8 @@ class SpeculativeLoop:
         rng = np.random.default_rng(sp.seed) if not sp.greedy else None
         stats = SpecStats(n_prompt=int(prompt.size))
         capture = cfg.mode != "none" and bool(getattr(self.proposer, "needs_capture", False))
+        if cfg.mode == "auto" and (self._verify_cost is None or cfg.chain + 1 not in self._verify_cost):
+            self._verify_cost = measure_verify_cost(tgt, ks=tuple(range(1, cfg.chain + 2)))
         tgt.clear()
         if self.proposer is not None:
             self.proposer.reset()
@@ -99,19 +106,8 @@ class SpeculativeLoop:
         stats.t_prefill = time.perf_counter() - t0
         feed = list(prompt)        # verified tokens the drafter's SA context has not seen yet
         n = int(prompt.size)
-        auto = None
-        if cfg.mode == "auto":
-            # cost-aware chain length: T(k) measured once per model/device (cached on disk)
-            tv = time.perf_counter()
-            cost = measure_verify_cost(tgt, ks=tuple(range(1, cfg.chain + 2)))
-            auto = (cost, AcceptanceTracker())
-            stats.t_prefill += time.perf_counter() - tv
-            tgt.clear()
-            # the measurement emptied the target's cache: decode the prompt again (no capture:
-            # the drafter already committed it)
-            for off in range(0, prompt.size, tgt.n_batch):
-                chunk = prompt[off: off + tgt.n_batch]
-                tgt.decode(chunk, np.arange(off, off + chunk.size, dtype=np.int32), capture=False)
+        auto = (self._verify_cost, self.tracker) if cfg.mode == "auto" else None
+        idle = 0               # consecutive cost-aware decisions not to draft
         carry: list = []       # verified tokens the target must (re)decode ahead of the next root
         generated = 0
 
@@ -135,7 +131,13 @@ class SpeculativeLoop:
             if auto is not None:
                 t_row = stats.t_drafter / stats.draft_rows if stats.draft_rows else 0.2 * auto[0][1]
                 k = best_chain_length(auto[0], auto[1], t_row, 0.0, k_max=cfg.chain)
-                if k == 0 and stats.target_calls % 8 == 7:
+                idle = idle + 1 if k == 0 else 0
+                if k == 0 and idle >= self.auto_give_up:
+                    # drafting does not pay here: plain decoding for the rest of this generation,
+                    # without capture and drafter commits
+                    auto, capture = None, False
+                    cfg = DraftConfig("none")
+                elif k == 0 and idle % 4 == 3:
                     k = 1                  # keep measuring acceptance while plain decoding wins
                 step_cfg = DraftConfig("chain", chain=k) if k else DraftConfig("none")
                 stats.auto_choices[k] = stats.auto_choices.get(k, 0) + 1
@@ -162,7 +164,7 @@ class SpeculativeLoop:
             # commit: target KV, drafter CA cache
             carry = self.scorer.commit(n, proposal, scores, verdict)
             rows = [int(scores.batch_row[0])] + [int(scores.batch_row[i + 1]) for i in verdict.path]
-            if capture:
+            if capture and cfg.mode != "none":
                 t = time.perf_counter()
                 lsa = tgt.captured_lsa_in(rows)
                 stats.t_capture += time.perf_counter() - t
