@@ -1,4 +1,4 @@
-"""``moa-cpp`` command line: generate, convert, check-parity."""
+"""``moa-cpp`` command line: generate, convert, check-parity, train."""
 from __future__ import annotations
 
 import argparse
@@ -6,8 +6,21 @@ import logging
 import sys
 from typing import Optional
 
+import importlib
+
 from . import __version__
 from .errors import MoaError
+
+# name, module (imported lazily: torch only for `train`), help
+SUBCOMMANDS = [
+    ("generate", ".cli_generate", "generate with MoA speculative decoding (or plainly with --no-draft)"),
+    ("convert", ".convert", "convert an HF MoA checkpoint (dir or hub repo id) to a drafter GGUF"),
+    ("check-parity", ".parity", "check conversion + native drafter against a golden fixture folder"),
+    ("train", ".train.cli", "train a MoA drafter for a GGUF target (needs the 'train' extra: torch)"),
+]
+_ADD = {"generate": "add_generate_arguments", "convert": "add_convert_arguments",
+        "check-parity": "add_parity_arguments", "train": "add_train_arguments"}
+_RUN = {"generate": "run_generate", "convert": "run_convert", "check-parity": "run_parity", "train": "run_train"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,25 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    from .convert import add_convert_arguments, run_convert
-    c = sub.add_parser("convert", help="convert an HF MoA checkpoint (dir or hub repo id) to a drafter GGUF")
-    add_convert_arguments(c)
-    c.set_defaults(func=run_convert)
-
-    from .cli_generate import add_generate_arguments, run_generate
-    c = sub.add_parser("generate", help="generate with MoA speculative decoding (or plainly with --no-draft)")
-    add_generate_arguments(c)
-    c.set_defaults(func=run_generate)
-
-    from .parity import add_parity_arguments, run_parity
-    c = sub.add_parser("check-parity", help="check conversion + native drafter against a golden fixture folder")
-    add_parity_arguments(c)
-    c.set_defaults(func=run_parity)
-
-    from .train.cli import add_train_arguments, run_train
-    c = sub.add_parser("train", help="train a MoA drafter for a GGUF target (needs the 'train' extra: torch)")
-    add_train_arguments(c)
-    c.set_defaults(func=run_train)
+    for name, module, help_text in SUBCOMMANDS:
+        mod = importlib.import_module(module, __package__)
+        c = sub.add_parser(name, help=help_text)
+        getattr(mod, _ADD[name])(c)
+        c.set_defaults(func=getattr(mod, _RUN[name]))
     return p
 
 
