@@ -135,6 +135,7 @@ class DrafterState:
         lib.moa_state_params_init(p)
         p.n_ctx, p.n_draft_max, p.n_batch = int(n_ctx), int(n_draft_max), int(n_batch)
         self.model = model  # keeps the weights alive
+        self.n_batch = int(n_batch)
         self._ptr = ffi.gc(check_ptr(lib.moa_state_init(model._ptr, p), "creating drafter state"), lib.moa_state_free)
 
     @property
@@ -186,6 +187,9 @@ class DrafterState:
         tok = _i32(tokens, "tokens")
         pos = _i32(positions, "positions")
         fd = _i32(feed, "feed")
+        if fd.size > self.n_batch:          # long prompts: feed the context in n_batch chunks first
+            self.feed(fd[: fd.size - self.n_batch])
+            fd = fd[fd.size - self.n_batch:]
         n = tok.size
         if pos.size != n:
             raise InvalidArgumentError("tokens and positions must have the same length")
@@ -209,9 +213,10 @@ class DrafterState:
     def feed(self, tokens: Sequence[int]) -> None:
         """Append context tokens to the SA cache (K/V only), at positions ``n_sa..``."""
         fd = _i32(tokens, "tokens")
-        if fd.size:
-            check(lib.moa_state_draft(self._ptr, fd.size, _ptr(fd, "int32_t *"), 0, ffi.NULL, ffi.NULL, ffi.NULL,
-                                      ffi.NULL, ffi.NULL))
+        for off in range(0, fd.size, self.n_batch):
+            chunk = np.ascontiguousarray(fd[off: off + self.n_batch])
+            check(lib.moa_state_draft(self._ptr, chunk.size, _ptr(chunk, "int32_t *"), 0, ffi.NULL, ffi.NULL,
+                                      ffi.NULL, ffi.NULL, ffi.NULL))
 
     def clear_drafts(self) -> None:
         """Drop this cycle's draft rows."""

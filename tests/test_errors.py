@@ -160,3 +160,17 @@ def test_cli_bad_arguments(tmp_path):
     assert p.returncode == 2 and "missing" in p.stderr
     p = subprocess.run(exe + ["frobnicate"], capture_output=True, text=True)
     assert p.returncode == 2
+
+
+def test_long_feed_is_chunked(drafter_f32, target_path, fixture_dir):
+    """A context longer than the state's n_batch is fed in chunks (no 'too many rows')."""
+    g = np.load(fixture_dir / "golden.npz")
+    d = Drafter(drafter_f32, target_path, n_ctx=256, n_draft_max=8, n_batch=4)
+    S = g["prompt_ids"].size
+    d.commit(g["lsa_in"], 0)
+    a = d.draft([int(g["root_token"])], [S], [-1], feed=g["prompt_ids"])
+    assert d.n_sa == S
+    ref = Drafter(drafter_f32, target_path, n_ctx=256, n_draft_max=8, n_batch=64)
+    ref.commit(g["lsa_in"], 0)
+    b = ref.draft([int(g["root_token"])], [S], [-1], feed=g["prompt_ids"])
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
