@@ -233,6 +233,18 @@ moa_model::~moa_model() {
 // Copy tensors (by name) from a GGUF file into freshly allocated backend tensors.
 // On a CPU device with use_mmap, tensors are views into a read-only mapping instead
 // (no second copy of e.g. a 262K-row embedding).
+// (name, slot) pairs of one decoder layer's tensors under ``prefix``, in moa_arch::LAYER_SUFFIXES
+// order: shared by the drafter's SA/CA/LSA and the target layers reused at TLI N > 0.
+static void add_layer_tensors(std::vector<std::pair<std::string, ggml_tensor **>> & out, const std::string & prefix,
+                              moa_layer & L) {
+    ggml_tensor ** slots[] = {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.ffn_gate, &L.ffn_up, &L.ffn_down};
+    static_assert(sizeof(slots) / sizeof(slots[0]) == sizeof(moa_arch::LAYER_SUFFIXES) / sizeof(moa_arch::LAYER_SUFFIXES[0]),
+                  "one slot per layer tensor suffix");
+    for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); ++i) {
+        out.push_back({prefix + moa_arch::LAYER_SUFFIXES[i], slots[i]});
+    }
+}
+
 // Rows of a llama-arch attn_q / attn_k weight are permuted per head by llama.cpp's converter
 // (GGUF row 2i+j holds HF row j*D/2+i, ref §18.1); undo it so the reused layers can run NEOX
 // RoPE on HF-ordered q/k, consistent with the HF-layout K the capture delivers.
@@ -557,21 +569,9 @@ report:
 
     // Drafter weights (always copied: they are small and may be converted per device).
     std::vector<std::pair<std::string, ggml_tensor **>> dl;
-    auto layer = [&](const char * mod, moa_layer & L) {
-        const std::string p = std::string(mod) + ".";
-        dl.push_back({p + "attn_norm.weight", &L.attn_norm});
-        dl.push_back({p + "attn_q.weight", &L.wq});
-        dl.push_back({p + "attn_k.weight", &L.wk});
-        dl.push_back({p + "attn_v.weight", &L.wv});
-        dl.push_back({p + "attn_output.weight", &L.wo});
-        dl.push_back({p + "ffn_norm.weight", &L.ffn_norm});
-        dl.push_back({p + "ffn_gate.weight", &L.ffn_gate});
-        dl.push_back({p + "ffn_up.weight", &L.ffn_up});
-        dl.push_back({p + "ffn_down.weight", &L.ffn_down});
-    };
-    layer("sa", m->sa);
-    layer("ca", m->ca);
-    layer("lsa", m->lsa);
+    add_layer_tensors(dl, "sa.", m->sa);
+    add_layer_tensors(dl, "ca.", m->ca);
+    add_layer_tensors(dl, "lsa.", m->lsa);
     dl.push_back({moa_arch::EKV2E_WEIGHT, &m->ekv2e_w});
     dl.push_back({moa_arch::EKV2E_BIAS, &m->ekv2e_b});
     ggml_tensor * draft_head = nullptr;
@@ -603,17 +603,8 @@ report:
         m->tli.resize(hp.tli);
         std::vector<std::pair<std::string, ggml_tensor **>> ll;
         for (int32_t i = 0; i < hp.tli; ++i) {
-            const std::string b = tsrc_prefix + "blk." + std::to_string(hp.n_target_layers - hp.tli + i) + ".";
-            moa_layer & L = m->tli[i];
-            ll.push_back({b + "attn_norm.weight", &L.attn_norm});
-            ll.push_back({b + "attn_q.weight", &L.wq});
-            ll.push_back({b + "attn_k.weight", &L.wk});
-            ll.push_back({b + "attn_v.weight", &L.wv});
-            ll.push_back({b + "attn_output.weight", &L.wo});
-            ll.push_back({b + "ffn_norm.weight", &L.ffn_norm});
-            ll.push_back({b + "ffn_gate.weight", &L.ffn_gate});
-            ll.push_back({b + "ffn_up.weight", &L.ffn_up});
-            ll.push_back({b + "ffn_down.weight", &L.ffn_down});
+            add_layer_tensors(ll, tsrc_prefix + "blk." + std::to_string(hp.n_target_layers - hp.tli + i) + ".",
+                              m->tli[i]);
         }
         ll.push_back({tsrc_prefix + "output_norm.weight", &m->output_norm});
         load_tensors(*m, *src, ll, "target.", false, hp.target_head_dim);
