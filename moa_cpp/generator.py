@@ -83,6 +83,7 @@ class SpeculativeGenerator:
         self.proposer = MoAProposer(self.state, self.draft) if self.state is not None else None
         self.loop = SpeculativeLoop(target, self.proposer, self.draft)
         self.last_stats: Optional[SpecStats] = None
+        self._last_prompt: list = []     # token ids of the latest prompt (encoded once per call)
 
     @classmethod
     def from_paths(cls, target_path: Union[str, Path], drafter_path: Union[str, Path, None] = None, *,
@@ -121,6 +122,7 @@ class SpeculativeGenerator:
                       draft: Union[str, DraftConfig, None] = None) -> Iterator[tuple[list, str]]:
         """Yield ``(new token ids, new text)`` per cycle; stats in :attr:`last_stats`."""
         ids = self.encode(prompt, chat)
+        self._last_prompt = ids
         sp = SamplingParams(temperature, top_k, top_p, seed)
         cfg = parse_draft(draft) if draft is not None and self.proposer is not None else None
         tokens: list = []
@@ -170,7 +172,7 @@ class SpeculativeGenerator:
             pieces.append(piece)
         st = self.last_stats
         return GenerationResult("".join(pieces), tokens, st, st.finish_reason if st else "length",
-                                self.encode(prompt, chat))
+                                list(self._last_prompt))
 
     def create_completion(self, prompt: Prompt, max_tokens: int = 16, temperature: float = 0.8, top_p: float = 0.95,
                           top_k: int = 40, stop: Union[str, Sequence[str], None] = None, seed: Optional[int] = None,
