@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Callable, Dict, List
@@ -32,19 +31,13 @@ import numpy as np
 
 from moa_cpp import models
 from moa_cpp.target import Target
+from _common import git_commit  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 PREFIX = ("In a quiet village by the sea, the fishermen rose before dawn to prepare their boats, "
           "mend their nets and talk about the weather, the tides and the prices at the market.")
 BATCHES = (1, 4, 8)
 MODES = ("nocb", "off", "on")
 
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _time(fn: Callable[[], object]) -> float:
@@ -112,7 +105,7 @@ def main() -> None:
               f"{r['get_ms']:>9.3f}{r['on_vs_nocb']:>+9.1%}{r['off_vs_nocb']:>+10.1%}")
 
     import llama_cpp
-    doc = dict(bench="capture_overhead", commit=_commit(), machine=platform.node(), cpu=platform.processor(),
+    doc = dict(bench="capture_overhead", commit=git_commit(), machine=platform.node(), cpu=platform.processor(),
                threads=threads, rounds=args.rounds, llama_cpp_python=llama_cpp.__version__,
                time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rows=rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ from moa_cpp.drafter import Drafter
 from moa_cpp.gguf_names import ARCH, D2T, DRAFT_OUTPUT, Keys
 from moa_cpp.random_drafter import make_random_drafter, spec_from_target
 from moa_cpp.target import Target
+from _common import git_commit  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 TEXT = ("In a quiet village by the sea, the fishermen rose before dawn to prepare their boats, "
         "mend their nets and talk about the weather, the tides and the prices at the market. ")
@@ -53,13 +53,6 @@ OUTTYPES = ("f16", "q8_0")
 TINY_VOCAB = 32
 WARMUP = 3
 
-
-def _commit_id() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def with_tiny_head(src: Path, dst: Path, n: int = TINY_VOCAB) -> Path:
@@ -179,7 +172,7 @@ def main() -> None:
 
     import llama_cpp
     spec = spec_from_target(tp)
-    doc = dict(bench="draft_step", commit=_commit_id(), machine=platform.node(), cpu=platform.processor(),
+    doc = dict(bench="draft_step", commit=git_commit(), machine=platform.node(), cpu=platform.processor(),
                threads=threads, rounds=args.rounds, ctx=ctx, target=tp.name, llama_cpp_python=llama_cpp.__version__,
                drafter_spec=spec.__dict__, tree_parents=PARENTS, tiny_vocab=TINY_VOCAB,
                time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), loadavg_1min=[load_before[0], load_after[0]],

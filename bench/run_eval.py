@@ -17,12 +17,12 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from _common import git_commit  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 REPO = Path(__file__).resolve().parents[1]
 SETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"]
@@ -34,12 +34,6 @@ def load_prompts(data_dir: Path, name: str, n: int) -> list[str]:
     rows = [json.loads(line) for line in (data_dir / f"{name}.jsonl").read_text().splitlines() if line.strip()]
     return [r["turns"][0] for r in rows[:n]]
 
-
-def git_commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True).strip()
-    except Exception:
-        return "?"
 
 
 def main(argv=None) -> int:
