@@ -76,3 +76,10 @@ def tensor_map() -> dict[str, str]:
 DRAFT_OUTPUT = "draft_output.weight"   # reduced-vocabulary LM head [d, V_draft] (ggml ne)
 D2T = "d2t"                            # I32 [V_draft]: draft id -> target id
 TARGET_PREFIX = "target."              # bundled target tensors: "target.token_embd.weight", ...
+
+# Their names in an HF snapshot written by ``moa-cpp train`` (not in the released checkpoints):
+# the head in PyTorch shape [V_draft, d] and the draft -> target map as absolute target ids
+# (EAGLE-3 stores offsets ``target - draft``; absolute ids need no convention to read).
+HF_DRAFT_OUTPUT = "draft_lm_head.weight"
+HF_D2T = "d2t"
+OPTIONAL_HF = {HF_DRAFT_OUTPUT: DRAFT_OUTPUT, HF_D2T: D2T}

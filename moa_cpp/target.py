@@ -73,7 +73,7 @@ class Target:
     def __init__(self, model: Any, path: Path, *, owns_model: bool, keep_alive: Any = None,
                  n_ctx: int = 4096, n_batch: int = 512, n_ubatch: Optional[int] = None,
                  n_threads: Optional[int] = None, n_seq_max: int = 64, cache_type: str = "f16",
-                 install_callback: bool = True, flash_attn: bool = True) -> None:
+                 install_callback: bool = True, flash_attn: bool = True, kv_unified: bool = True) -> None:
         self._model = model
         self._owns_model = owns_model
         self._keep_alive = keep_alive  # e.g. the llama_cpp.Llama that owns the model
@@ -82,6 +82,7 @@ class Target:
         self._cap = None
         self.path = path
         self.flash_attn = bool(flash_attn)
+        self.kv_unified = bool(kv_unified)
         try:
             self._init_context(n_ctx, n_batch, n_ubatch, n_threads, n_seq_max, cache_type, install_callback)
         except BaseException:
@@ -94,7 +95,8 @@ class Target:
     def from_path(cls, path: Union[str, os.PathLike], n_ctx: int = 4096, n_threads: Optional[int] = None,
                   n_gpu_layers: int = 0, *, n_batch: int = 512, n_ubatch: Optional[int] = None,
                   n_seq_max: int = 64, cache_type: str = "f16", use_mmap: bool = True,
-                  install_callback: bool = True, verbose: bool = False, flash_attn: bool = True) -> "Target":
+                  install_callback: bool = True, verbose: bool = False, flash_attn: bool = True,
+                  kv_unified: bool = True) -> "Target":
         """Load a GGUF target.
 
         Args:
@@ -115,6 +117,9 @@ class Target:
             flash_attn: flash attention (default on: batch rows then match single-token decodes
                 bit for bit on SmolLM2; needed for lossless-by-construction greedy speculation).
             verbose: let llama.cpp log to stderr (process-wide, as in ``llama_cpp.Llama``).
+            kv_unified: one KV cache shared by all sequences (default; tree verification needs
+                it). False: one stream of ``n_ctx / n_seq_max`` cells per sequence, faster for
+                independent sequences decoded together (batched data generation).
 
         Raises:
             MoaIOError: the file does not exist.
@@ -135,7 +140,7 @@ class Target:
                            "truncated file; pass verbose=True for llama.cpp's log)")
         return cls(model, p, owns_model=True, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                    n_threads=n_threads, n_seq_max=n_seq_max, cache_type=cache_type,
-                   install_callback=install_callback, flash_attn=flash_attn)
+                   install_callback=install_callback, flash_attn=flash_attn, kv_unified=kv_unified)
 
     @classmethod
     def from_llama(cls, llm: "llama_cpp.Llama", *, n_ctx: Optional[int] = None, n_threads: Optional[int] = None,
@@ -187,7 +192,10 @@ class Target:
         params.n_threads_batch = threads
         params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        params.kv_unified = True  # coupled sequences (tree verification) need it; also keeps batch order
+        # Unified: coupled sequences (tree verification) need it; it also keeps batch order. Split
+        # (one stream of n_ctx / n_seq_max cells per sequence) suits independent sequences (batched
+        # data generation): each row attends only its own stream instead of every used cell.
+        params.kv_unified = self.kv_unified
         params.type_k = params.type_v = _CACHE_TYPES[cache_type]
         params.no_perf = True
         if install_callback:

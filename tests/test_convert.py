@@ -426,3 +426,58 @@ def test_embedding_scale_key(tmp_path: Path, caplog: pytest.LogCaptureFixture) -
         _edit_config(ckpt, embedding_scale=bad)
         with pytest.raises(FormatError, match="embedding_scale"):
             convert(ckpt, tmp_path / "x.gguf", progress=False)
+
+
+# ---------------------------------------------------------------- reduced draft vocabulary
+
+def _with_draft_vocab(ids: np.ndarray, rows: int | None = None, head: bool = True, d2t: bool = True):
+    def add(st: dict[str, np.ndarray]) -> None:
+        d = st["Ekv2E.weight"].shape[0]
+        rng = np.random.default_rng(0)
+        if head:
+            st["draft_lm_head.weight"] = rng.standard_normal((rows or len(ids), d)).astype(np.float32)
+        if d2t:
+            st["d2t"] = ids
+    return add
+
+
+def test_reduced_vocab_written(tmp_path: Path) -> None:
+    """A trainer snapshot's draft head + d2t become draft_output.weight [d, V] + I32 d2t + the size key,
+    and the native loader maps draft ids back to target ids."""
+    from moa_cpp.drafter import DrafterModel
+
+    ids = np.array([3, 17, 42, 100, 2047, 5000], dtype=np.int64)
+    d = copy_ckpt(tmp_path, tensors=_with_draft_vocab(ids))
+    out = convert(d, tmp_path / "o.gguf", outtype="f32", target_gguf=TARGET, progress=False)
+    meta, tensors = read_gguf(out)
+    assert meta[Keys.DRAFT_VOCAB_SIZE] == len(ids)
+    assert tensors["d2t"].tensor_type == Q.I32
+    np.testing.assert_array_equal(np.asarray(tensors["d2t"].data), ids)
+    head = load_file(str(d / "model.safetensors"))["draft_lm_head.weight"]
+    np.testing.assert_array_equal(as_f32(tensors["draft_output.weight"]), head)
+    m = DrafterModel(out, TARGET)
+    try:
+        assert m.n_vocab == len(ids)
+        np.testing.assert_array_equal(m.d2t(), ids)
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("case,match", [
+    ("head-only", "needs both 'draft_lm_head.weight' and 'd2t'"),
+    ("d2t-only", "needs both 'draft_lm_head.weight' and 'd2t'"),
+    ("rows", "one id per head row"),
+    ("range", "outside the target vocabulary"),
+    ("dup", "same target id"),
+])
+def test_reduced_vocab_rejected(tmp_path: Path, case: str, match: str) -> None:
+    ids = np.array([3, 17, 42], dtype=np.int64)
+    kw: dict[str, Any] = {"head-only": dict(d2t=False), "d2t-only": dict(head=False), "rows": dict(rows=5)}.get(case, {})
+    if case == "range":
+        ids = np.array([3, 17, 10**7], dtype=np.int64)
+    if case == "dup":
+        ids = np.array([3, 17, 17], dtype=np.int64)
+    d = copy_ckpt(tmp_path, tensors=_with_draft_vocab(ids, **kw))
+    with pytest.raises(FormatError, match=match):
+        convert(d, tmp_path / "o.gguf", target_gguf=TARGET, progress=False)
+    assert not (tmp_path / "o.gguf").exists()

@@ -12,15 +12,16 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
-from ..errors import InvalidArgumentError, MismatchError, MoaError
-from ..gguf_names import FORMAT_VERSION, Keys
+from ..errors import FormatError, InvalidArgumentError, MismatchError, MoaError
+from ..gguf_names import D2T, DRAFT_OUTPUT, FORMAT_VERSION, Keys
 from .layouts import Hparams, detect_layout, derive_hparams
-from .safetensors_io import load_f32
+from .safetensors_io import load_f32, load_ids
 from .source import resolve_source
 from .target_gguf import TargetInfo, check_target, read_target
-from .writer import OUTTYPES, Encoded, encode, write_gguf
+from .writer import OUTTYPES, Encoded, encode, encode_ids, write_gguf
 
 __all__ = ["convert", "add_convert_arguments", "run_convert", "OUTTYPES"]
 
@@ -58,6 +59,27 @@ def _embedding_scale(hp: Hparams, tg: TargetInfo | None) -> float:
         log.info("embedding_scale = %g (layer-0 input scale of the %s target GGUF)", tg.embedding_scale, tg.arch)
         return tg.embedding_scale
     return 1.0  # llama / qwen2 targets feed the raw embedding row
+
+
+def _draft_vocab(layout, hp: Hparams):
+    """The checked draft -> target id map of a reduced-vocabulary snapshot (None without one)."""
+    if D2T not in layout.tensors:
+        return None
+    head, ids_info = layout.tensors[DRAFT_OUTPUT], layout.tensors[D2T]
+    problems: list[str] = []
+    if len(head.shape) != 2 or head.shape[1] != hp.d:
+        problems.append(f"draft_lm_head.weight has shape {list(head.shape)}, expected [V_draft, {hp.d}]")
+    if len(ids_info.shape) != 1 or (len(head.shape) == 2 and ids_info.shape[0] != head.shape[0]):
+        problems.append(f"d2t has shape {list(ids_info.shape)}, expected [{head.shape[0]}] (one id per head row)")
+    if problems:
+        raise FormatError("invalid reduced draft vocabulary:\n  - " + "\n  - ".join(problems))
+    ids = load_ids(ids_info)
+    if ids.size and (ids.min() < 0 or ids.max() >= hp.vocab_size):
+        raise FormatError(f"d2t holds ids outside the target vocabulary [0, {hp.vocab_size})")
+    if len(np.unique(ids)) != len(ids):
+        raise FormatError("d2t maps two draft ids to the same target id")
+    log.info("reduced draft vocabulary: %d of %d target tokens", len(ids), hp.vocab_size)
+    return ids
 
 
 def _metadata(hp: Hparams, source_format: str, n_layers: int, tli: int,
@@ -119,10 +141,13 @@ def convert(src: str | os.PathLike[str], out_path: str | os.PathLike[str], outty
         raise InvalidArgumentError(f"tli {tli}: must be below the target layer count {n_layers}")
     target_arch = tg.arch if tg else hp.config_arch
     md = _metadata(hp, layout.source_format, n_layers, tli, target_arch, _embedding_scale(hp, tg))
+    d2t = _draft_vocab(layout, hp)
+    if d2t is not None:
+        md[Keys.DRAFT_VOCAB_SIZE] = len(d2t)
 
     encoded: list[Encoded] = []
     for g, info in tqdm(sorted(layout.tensors.items()), desc="convert", unit="tensor", disable=not progress):
-        encoded.append(encode(g, load_f32(info), outtype))
+        encoded.append(encode_ids(g, d2t) if g == D2T else encode(g, load_f32(info), outtype))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     try:

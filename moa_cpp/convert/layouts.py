@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FormatError
-from ..gguf_names import MODULES, tensor_map
+from ..gguf_names import D2T, DRAFT_OUTPUT, MODULES, OPTIONAL_HF, tensor_map
 from .safetensors_io import TensorInfo, list_tensors
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def detect_layout(folder: Path) -> Layout:
         if name.endswith(_IGNORED_SUFFIXES):
             log.info("ignoring buffer %s", raw)
             continue
-        g = hf_to_gguf.get(name)
+        g = hf_to_gguf.get(name) or OPTIONAL_HF.get(name)
         if g is None:
             extra.append(raw)
         elif g in mapped:
@@ -117,6 +117,8 @@ def detect_layout(folder: Path) -> Layout:
         raise FormatError(f"disable_LSA checkpoint ({len(found)} tensors, no layer_self_attention.* / "
                           "Ekv2E.* tensors): this variant is not supported")
     missing = [f"{hf} (-> {g})" for g, hf in tensor_map().items() if g not in mapped]
+    if (DRAFT_OUTPUT in mapped) != (D2T in mapped):
+        problems.append("a reduced draft vocabulary needs both 'draft_lm_head.weight' and 'd2t'")
     if missing:
         problems.append("missing tensors: " + ", ".join(missing))
     if extra:
@@ -173,7 +175,7 @@ def derive_hparams(layout: Layout, fallback: dict[str, Any] | None = None) -> Hp
         problems.append(f"config.json rope_scaling {cfg['rope_scaling']!r}: RoPE scaling is not supported yet")
 
     for g in t:  # rank check first: the arithmetic below indexes shapes
-        want = 1 if g.endswith(("_norm.weight", ".bias")) else 2
+        want = 1 if g.endswith(("_norm.weight", ".bias")) or g == D2T else 2
         if len(shape(g)) != want:
             problems.append(f"{t[g].name}: rank {len(shape(g))}, expected {want}")
     if problems:

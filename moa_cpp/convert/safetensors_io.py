@@ -86,3 +86,19 @@ def load_f32(info: TensorInfo) -> np.ndarray:
         if info.dtype != "F32":
             arr = arr.astype(np.float32)
     return arr.reshape(info.shape)
+
+
+_INTS = {"I32": np.int32, "I64": np.int64}
+
+
+def load_ids(info: TensorInfo) -> np.ndarray:
+    """An integer tensor (I32 / I64, e.g. a draft -> target id map) as int64."""
+    if info.dtype not in _INTS:
+        raise FormatError(f"tensor {info.name!r}: dtype {info.dtype}, expected I32 or I64")
+    size = np.dtype(_INTS[info.dtype]).itemsize
+    count = int(np.prod(info.shape, dtype=np.int64))
+    if count * size != info.nbytes:
+        raise FormatError(f"tensor {info.name!r}: {info.nbytes} bytes do not match {info.dtype}{list(info.shape)}")
+    arr = np.memmap(info.file, dtype=np.dtype(_INTS[info.dtype]).newbyteorder("<"), mode="r",
+                    offset=info.offset, shape=(count,))
+    return arr.astype(np.int64).reshape(info.shape)

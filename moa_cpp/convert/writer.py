@@ -83,6 +83,13 @@ def encode(name: str, x: np.ndarray, outtype: str) -> Encoded:
     return Encoded(name, gguf.quants.quantize(np.ascontiguousarray(x, dtype=np.float32), qtype), qtype)
 
 
+def encode_ids(name: str, ids: np.ndarray) -> Encoded:
+    """An id map (``d2t``) as an I32 tensor."""
+    if ids.size and (ids.min() < 0 or ids.max() >= 2**31):
+        raise FormatError(f"{name}: ids do not fit I32")
+    return Encoded(name, np.ascontiguousarray(ids, dtype=np.int32), Q.I32)
+
+
 def write_gguf(path: Path, name: str, outtype: str, metadata: dict[str, int | float | str | bool],
                tensors: list[Encoded]) -> None:
     """Write ``general.*`` + ``moa.*`` metadata and the tensors (ggml ne = reversed numpy shape)."""
@@ -95,7 +102,7 @@ def write_gguf(path: Path, name: str, outtype: str, metadata: dict[str, int | fl
         add_moa_kv(w, key, value)
     for t in tensors:
         # Quantized payloads are uint8 [rows, bytes]; raw_dtype lets the writer derive the shape.
-        w.add_tensor(t.name, t.data, raw_dtype=None if t.qtype in (Q.F32, Q.F16) else t.qtype)
+        w.add_tensor(t.name, t.data, raw_dtype=None if t.qtype in (Q.F32, Q.F16, Q.I32) else t.qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file(progress=False)

@@ -20,12 +20,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..random_drafter import DrafterSpec
-from .target_torch import apply_rope, rope_cos_sin
+from .target_torch import TorchTarget, apply_rope, rope_cos_sin
 
 __all__ = ["MoaDrafter", "DecoderLayer", "spec_from_config"]
 
@@ -131,7 +132,11 @@ def spec_from_config(cfg: dict[str, Any]) -> DrafterSpec:
 class MoaDrafter(nn.Module):
     """The trainable drafter plus the frozen target embedding / LM head (buffers, not saved)."""
 
-    def __init__(self, spec: DrafterSpec, embed: torch.Tensor, lm_head: Optional[torch.Tensor] = None) -> None:
+    def __init__(self, spec: DrafterSpec, embed: torch.Tensor, lm_head: Optional[torch.Tensor] = None,
+                 d2t: Optional[Any] = None) -> None:
+        """``d2t``: target ids of a reduced draft vocabulary (None: draft over the whole target
+        vocabulary with the frozen target LM head). With it the drafter owns a trainable head
+        ``draft_lm_head`` [V_draft, d], initialised from the target's LM-head rows."""
         super().__init__()
         s = spec
         self.spec = s
@@ -140,8 +145,22 @@ class MoaDrafter(nn.Module):
         self.cross_attention = CrossAttentionLayer(s.d, s.n_head, s.ca_kv, D, s.ca_ffn, s.rms_eps)
         self.layer_self_attention = DecoderLayer(W, s.lsa_heads, s.lsa_kv, Dl, s.lsa_ffn, s.rms_eps)
         self.Ekv2E = nn.Linear(W, s.d, bias=True)
+        self.tli = 0  # target layer inference N (attach_tli)
         self.register_buffer("embed", embed.detach().float(), persistent=False)
         self.register_buffer("lm_head", (embed if lm_head is None else lm_head).detach().float(), persistent=False)
+        if d2t is None:
+            self.d2t: Optional[torch.Tensor] = None
+        else:
+            ids = torch.as_tensor(np.asarray(d2t), dtype=torch.long)
+            self.register_buffer("d2t", ids)  # persistent: saved with the weights
+            self.draft_lm_head = nn.Linear(s.d, len(ids), bias=False)
+            # the target's own logits restricted to the draft vocabulary (soft labels)
+            self.register_buffer("lm_head_draft", self.lm_head[ids].clone(), persistent=False)
+            self._init_draft_head()
+
+    def _init_draft_head(self) -> None:
+        with torch.no_grad():
+            self.draft_lm_head.weight.copy_(self.lm_head_draft)
 
     # ------------------------------------------------------------------ init / io
 
@@ -153,6 +172,8 @@ class MoaDrafter(nn.Module):
         g = torch.Generator().manual_seed(seed)
         for name, p in sorted(self.named_parameters()):
             with torch.no_grad():
+                if name.startswith("draft_lm_head."):
+                    continue  # initialised from the target's rows
                 if name.endswith("layernorm.weight"):
                     p.fill_(1.0)
                 elif name.endswith("bias"):
@@ -161,12 +182,16 @@ class MoaDrafter(nn.Module):
                     p.copy_(torch.randn(p.shape, generator=g) * std)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The 29 trainable tensors under their HF names (spec §17.1)."""
-        return {k: v.detach().float().cpu().contiguous() for k, v in self.state_dict().items()}
+        """The 29 trainable tensors under their HF names (spec §17.1), plus ``draft_lm_head.weight``
+        and the int64 ``d2t`` (absolute target ids) with a reduced draft vocabulary."""
+        return {k: (v.detach().cpu().contiguous() if k == "d2t" else v.detach().float().cpu().contiguous())
+                for k, v in self.state_dict().items()}
 
     def load_hf(self, tensors: dict[str, Any]) -> None:
-        """Load the 29 tensors (numpy or torch) of a Format A/B checkpoint."""
-        sd = {k.removeprefix("model."): torch.as_tensor(v).float() for k, v in tensors.items()}
+        """Load the 29 tensors (numpy or torch) of a Format A/B checkpoint (+ the reduced head)."""
+        sd = {k.removeprefix("model."): (torch.as_tensor(np.asarray(v)).long() if k == "d2t"
+                                         else torch.as_tensor(np.asarray(v)).float())
+              for k, v in tensors.items()}
         self.load_state_dict(sd, strict=True)
 
     def save(self, out_dir: str | os.PathLike[str], extra: Optional[dict[str, Any]] = None) -> Path:
@@ -215,6 +240,54 @@ class MoaDrafter(nn.Module):
         h = self.self_attention(x, cos, sin, sa_mask)
         return self.cross_attention.forward_ca(h, kc, vc, cos, sin, ca_mask)
 
+    def attach_tli(self, target: "TorchTarget", n: int) -> None:
+        """Train for target layer inference N (spec §10): the target's last ``n`` layers and its
+        ``output_norm`` (frozen, not saved: the engine reads them from the target GGUF) run on
+        ``z`` before the LM head (:meth:`head_input`)."""
+        if not 0 < n < target.n_layer:
+            raise ValueError(f"tli {n}: must be in 1..{target.n_layer - 1}")
+        self.__dict__["_tli_target"] = target  # plain attribute: not a submodule, never in state_dict
+        self.tli = n
+
+    def head_input(self, z: torch.Tensor, lsa_in: torch.Tensor, start: torch.Tensor,
+                   positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The LM head's input: ``z`` at TLI 0; at TLI N the post-norm output of the target's last N
+        layers run on ``z`` train-consistently with the engine (spec §10.3): row ``i`` attends the
+        target's own K/V (from ``lsa_in``) of positions ``j <= start(i)`` and the drafted rows
+        ``start(i) < j <= i`` (the root and its path at inference)."""
+        if self.tli == 0:
+            return z
+        tg = self.__dict__["_tli_target"]
+        B, S, _ = z.shape
+        if positions is None:
+            positions = torch.arange(S, device=z.device).expand(B, S)
+        cos, sin = rope_cos_sin(positions, tg.head_dim, tg.rope_theta)
+        cos, sin = cos[:, None], sin[:, None]
+        j = torch.arange(S, device=z.device)
+        ctx = j[None, None, :] <= start[:, :, None]                                   # [B, S, S]
+        own = (j[None, None, :] > start[:, :, None]) & (j[None, :] <= j[:, None])[None]
+        mask = torch.cat([ctx, own], dim=-1)[:, None]                                 # [B, 1, S, 2S]
+        Hk, D = tg.n_head_kv, tg.head_dim
+        g = z
+        for li in range(tg.n_layer - self.tli, tg.n_layer):
+            kv = lsa_in[:, :, li].reshape(B, S, Hk, 2 * D)   # head-major K | V rows (spec §3.3)
+            g = tg.layer_forward(li, g, cos, sin, kv[..., :D].transpose(1, 2), kv[..., D:].transpose(1, 2), mask)
+        return tg.final_norm(g)
+
     def logits(self, z: torch.Tensor) -> torch.Tensor:
-        """Target LM head on ``z`` (TLI 0: no output norm, spec §9)."""
+        """Target LM head on ``z`` over the whole target vocabulary (TLI 0: no output norm, §9)."""
         return z @ self.lm_head.T
+
+    def draft_logits(self, z: torch.Tensor) -> torch.Tensor:
+        """The drafter's logits: its own head over the draft vocabulary, else the target head."""
+        return self.draft_lm_head(z) if self.d2t is not None else self.logits(z)
+
+    def label_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The target's logits from its post-norm hidden ``h``, restricted to the draft vocabulary
+        (their softmax is the target distribution renormalised over the draft tokens)."""
+        return h @ (self.lm_head_draft if self.d2t is not None else self.lm_head).T
+
+    def draft_ids(self, z: torch.Tensor) -> torch.Tensor:
+        """Greedy draft tokens as target ids."""
+        a = self.draft_logits(z).argmax(-1)
+        return self.d2t[a] if self.d2t is not None else a

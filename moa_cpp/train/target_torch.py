@@ -69,6 +69,7 @@ class TargetFeatures:
     lsa_in: torch.Tensor    # [B, S, L, W] per-layer post-RoPE K | V, head-major, HF layout (spec §3.3)
     hidden: torch.Tensor    # [B, S, d] post-final-norm last hidden state
     logits: Optional[torch.Tensor]  # [B, S, V] (None unless requested)
+    resid: Optional[torch.Tensor] = None  # [B, S, d] residual stream entering layer ``resid_layer`` (TLI)
 
 
 class TorchTarget(torch.nn.Module):
@@ -139,11 +140,12 @@ class TorchTarget(torch.nn.Module):
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, positions: Optional[torch.Tensor] = None,
-                want_logits: bool = False) -> TargetFeatures:
+                want_logits: bool = False, resid_layer: Optional[int] = None) -> TargetFeatures:
         """Causal forward of ``tokens`` ``[B, S]`` (right padding is harmless: causal mask).
 
-        Returns per-layer post-RoPE K/V (HF layout) as LSA input rows, the post-norm hidden state
-        and optionally the logits.
+        Returns per-layer post-RoPE K/V (HF layout) as LSA input rows, the post-norm hidden state,
+        optionally the logits and the residual stream entering layer ``resid_layer`` (pre-norm;
+        ``hidden_states[-1-N]`` of HF for ``resid_layer = L - N``, the TLI-N regression target).
         """
         B, S = tokens.shape
         if positions is None:
@@ -153,7 +155,10 @@ class TorchTarget(torch.nn.Module):
         cos, sin = cos[:, None], sin[:, None]
         x = F.embedding(tokens, self.embed)
         kv_rows = []
-        for m in self.layers:
+        resid = None
+        for li, m in enumerate(self.layers):
+            if li == resid_layer:
+                resid = x
             a = _rms(x, m.attn_norm, self.rms_eps)
             q = (a @ m.attn_q.T).view(B, S, H, D).transpose(1, 2)
             k = (a @ m.attn_k.T).view(B, S, Hk, D).transpose(1, 2)
@@ -166,4 +171,33 @@ class TorchTarget(torch.nn.Module):
             x = x + (F.silu(f @ m.ffn_gate.T) * (f @ m.ffn_up.T)) @ m.ffn_down.T
         h = _rms(x, self.output_norm, self.rms_eps)
         return TargetFeatures(lsa_in=torch.stack(kv_rows, dim=2), hidden=h,
-                              logits=(h @ self.lm_head.T) if want_logits else None)
+                              logits=(h @ self.lm_head.T) if want_logits else None, resid=resid)
+
+    def layer_forward(self, li: int, g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      k_ctx: torch.Tensor, v_ctx: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Target layer ``li`` on rows ``g`` ``[B, S, d]`` (differentiable w.r.t. ``g``; weights frozen).
+
+        Keys/values are ``[k_ctx | the rows' own k]`` along the sequence axis (``k_ctx``/``v_ctx``
+        ``[B, Hk, S_ctx, D]``, post-RoPE), ``mask`` ``[B, 1, S, S_ctx + S]`` (True = visible): the
+        TLI layers of moa-architecture.md §10.3, where the context is the target's own K/V.
+        """
+        m = self.layers[li]
+        B, S, _ = g.shape
+        H, Hk, D = self.n_head, self.n_head_kv, self.head_dim
+        a = _rms(g, m.attn_norm, self.rms_eps)
+        q = apply_rope((a @ m.attn_q.T).view(B, S, H, D).transpose(1, 2), cos, sin)
+        k = apply_rope((a @ m.attn_k.T).view(B, S, Hk, D).transpose(1, 2), cos, sin)
+        v = (a @ m.attn_v.T).view(B, S, Hk, D).transpose(1, 2)
+        k = torch.cat([k_ctx.to(k.dtype), k], dim=2)
+        v = torch.cat([v_ctx.to(v.dtype), v], dim=2)
+        if H != Hk:
+            k = k.repeat_interleave(H // Hk, dim=1)
+            v = v.repeat_interleave(H // Hk, dim=1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        g = g + o.transpose(1, 2).reshape(B, S, H * D) @ m.attn_output.T
+        f = _rms(g, m.ffn_norm, self.rms_eps)
+        return g + (F.silu(f @ m.ffn_gate.T) * (f @ m.ffn_up.T)) @ m.ffn_down.T
+
+    def final_norm(self, g: torch.Tensor) -> torch.Tensor:
+        """The target's ``output_norm``."""
+        return _rms(g, self.output_norm, self.rms_eps)

@@ -17,7 +17,7 @@ Held-out acceptance estimate (``eval_acceptance``): on held-out greedy samples, 
 every 5th position (a chain-4 cycle: root + 4 drafts), the drafter's argmax at each row is
 compared with the target's; ``tau`` = 1 + mean run of agreements from each boundary (<= 4), the
 expected tokens per target call of greedy chain-4 speculation if llama.cpp's target agreed with
-the F32 one. TLI N > 0 is not implemented yet (the trainer always trains TLI 0).
+the F32 one. TLI N > 0 runs the target's last N layers on ``z`` as the engine does (§10.3).
 
 Deterministic for a fixed ``steps`` (seeded init, data order, T and staircase draws; CPU torch
 kernels are deterministic at a fixed thread count). ``minutes`` instead chooses ``steps`` from the
@@ -42,6 +42,7 @@ from .data import Dataset
 from .masks import bounded_masks
 from .model import MoaDrafter
 from .target_torch import TorchTarget
+from .vocab import draft_vocab, vocab_coverage
 
 __all__ = ["TrainSettings", "FeatureStore", "compute_features", "Trainer", "eval_acceptance", "lr_at"]
 
@@ -70,6 +71,8 @@ class TrainSettings:
     threads: int = 1                   # 1 measured faster than 2 on the shared 2-core box
     bf16: bool = True                   # CPU autocast bf16 for the matmuls (F32 master weights)
     init_std: float = 0.02
+    draft_vocab: int = 0                # > 0: reduced draft vocabulary of this many tokens
+    tli: int = 0                        # target layer inference N (features need resid_layer = L - N)
 
 
 def lr_at(step: int, total: int, s: TrainSettings) -> float:
@@ -82,63 +85,96 @@ def lr_at(step: int, total: int, s: TrainSettings) -> float:
 
 
 class FeatureStore:
-    """Cached target features of a dataset: F16 LSA rows ``[tokens, L, W]`` + F32 hidden ``[tokens, d]``."""
+    """Cached target features of a dataset: F16 LSA rows ``[tokens, L, W]`` + F32 hidden ``[tokens, d]``
+    (+ for TLI N the F16 residual stream entering target layer ``L - N``, ``[tokens, d]``)."""
 
-    def __init__(self, lsa: np.ndarray, hidden: np.ndarray) -> None:
-        self.lsa, self.hidden = lsa, hidden
+    def __init__(self, lsa: np.ndarray, hidden: np.ndarray, resid: Optional[np.ndarray] = None) -> None:
+        self.lsa, self.hidden, self.resid = lsa, hidden, resid
+
+
+def _groups(ds: Dataset, max_tokens: int):
+    """Samples grouped by similar length into padded batches of at most ``max_tokens`` tokens."""
+    lens = np.diff(ds.offsets)
+    order = np.argsort(lens)
+    i = 0
+    while i < len(order):
+        S = int(lens[order[i]])
+        grp = [order[i]]
+        i += 1
+        while i < len(order):
+            S2 = int(lens[order[i]])
+            if S2 * (len(grp) + 1) > max_tokens:
+                break
+            grp.append(order[i])
+            S = S2
+            i += 1
+        toks = torch.zeros(len(grp), S, dtype=torch.long)
+        for r, j in enumerate(grp):
+            s = ds.sample(j)
+            toks[r, :len(s)] = torch.from_numpy(s.astype(np.int64))
+        yield grp, toks
 
 
 def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = None,
-                     log: Callable[[str], None] = print, max_tokens: int = 4096, bf16: bool = True) -> FeatureStore:
+                     log: Callable[[str], None] = print, max_tokens: int = 4096, bf16: bool = True,
+                     resid_layer: Optional[int] = None) -> FeatureStore:
     """Run the torch target over every sample once (cached in ``cache_dir`` when given).
 
     ``bf16``: CPU autocast (the reference also ran its target in bf16, spec §3.4); ~5x faster here.
+    ``resid_layer``: also keep the residual stream entering that layer (TLI N: ``L - N``); with a
+    cache holding the rest already, only that is computed (another target pass).
     """
+    from tqdm import tqdm
+
     n_tok = len(ds.tokens)
     L, W, d = tt.n_layer, tt.lsa_width, tt.embed.shape[1]
+    resid_name = f"resid-{resid_layer}.npy"
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         done = cache_dir / "done.json"
         if done.is_file() and json.loads(done.read_text()).get("n_tokens") == n_tok:
-            return FeatureStore(np.load(cache_dir / "lsa.npy", mmap_mode="r"), np.load(cache_dir / "hidden.npy"))
+            fs = FeatureStore(np.load(cache_dir / "lsa.npy", mmap_mode="r"), np.load(cache_dir / "hidden.npy"))
+            if resid_layer is not None:
+                if not (cache_dir / resid_name).is_file():
+                    resid = np.empty((n_tok, d), dtype=np.float16)
+                    t0 = time.time()
+                    with tqdm(total=n_tok, desc=f"target residual (layer {resid_layer})", unit="tok", mininterval=5) as bar:
+                        for grp, toks in _groups(ds, max_tokens):
+                            with _autocast(bf16):
+                                out = tt(toks, resid_layer=resid_layer)
+                            for r, j in enumerate(grp):
+                                a, b = ds.offsets[j], ds.offsets[j + 1]
+                                resid[a:b] = out.resid[r, :b - a].float().numpy().astype(np.float16)
+                                bar.update(int(b - a))
+                    np.save(cache_dir / resid_name, resid)
+                    log(f"features: residual of layer {resid_layer} for {n_tok} tokens in {time.time() - t0:.0f}s")
+                fs.resid = np.load(cache_dir / resid_name)
+            return fs
         lsa = np.lib.format.open_memmap(cache_dir / "lsa.npy", mode="w+", dtype=np.float16, shape=(n_tok, L, W))
     else:
         lsa = np.empty((n_tok, L, W), dtype=np.float16)
     hidden = np.empty((n_tok, d), dtype=np.float32)
+    resid = np.empty((n_tok, d), dtype=np.float16) if resid_layer is not None else None
     t0 = time.time()
-    from tqdm import tqdm
-    order = np.argsort(np.diff(ds.offsets))
-    i = 0
     with tqdm(total=n_tok, desc="target features", unit="tok", mininterval=5) as bar:
-        while i < len(order):
-            # group samples of similar length into one padded batch
-            S = int(np.diff(ds.offsets)[order[i]])
-            grp = [order[i]]
-            i += 1
-            while i < len(order):
-                S2 = int(np.diff(ds.offsets)[order[i]])
-                if S2 * (len(grp) + 1) > max_tokens:
-                    break
-                grp.append(order[i])
-                S = S2
-                i += 1
-            toks = torch.zeros(len(grp), S, dtype=torch.long)
-            for r, j in enumerate(grp):
-                s = ds.sample(j)
-                toks[r, :len(s)] = torch.from_numpy(s.astype(np.int64))
+        for grp, toks in _groups(ds, max_tokens):
             with _autocast(bf16):
-                out = tt(toks)
+                out = tt(toks, resid_layer=resid_layer)
             for r, j in enumerate(grp):
                 a, b = ds.offsets[j], ds.offsets[j + 1]
                 lsa[a:b] = out.lsa_in[r, :b - a].float().numpy().astype(np.float16)
                 hidden[a:b] = out.hidden[r, :b - a].float().numpy()
+                if resid is not None:
+                    resid[a:b] = out.resid[r, :b - a].float().numpy().astype(np.float16)
                 bar.update(int(b - a))
     log(f"features: {n_tok} tokens in {time.time() - t0:.0f}s ({n_tok / max(time.time() - t0, 1e-9):.0f} tok/s)")
     if cache_dir is not None:
         lsa.flush()
         np.save(cache_dir / "hidden.npy", hidden)
+        if resid is not None:
+            np.save(cache_dir / resid_name, resid)
         (cache_dir / "done.json").write_text(json.dumps({"n_tokens": n_tok}))
-    return FeatureStore(lsa, hidden)
+    return FeatureStore(lsa, hidden, resid)
 
 
 def _batch(ds: Dataset, fs: FeatureStore, idx: list[int]) -> dict[str, torch.Tensor]:
@@ -150,13 +186,19 @@ def _batch(ds: Dataset, fs: FeatureStore, idx: list[int]) -> dict[str, torch.Ten
     lsa = torch.zeros(B, S, L, W)
     hid = torch.zeros(B, S, fs.hidden.shape[1])
     resp = torch.zeros(B, S, dtype=torch.bool)
+    resid = torch.zeros(B, S, fs.resid.shape[1]) if fs.resid is not None else None
     for r, j in enumerate(idx):
         a, b = int(ds.offsets[j]), int(ds.offsets[j + 1])
         toks[r, :b - a] = torch.from_numpy(ds.tokens[a:b].astype(np.int64))
         lsa[r, :b - a] = torch.from_numpy(np.asarray(fs.lsa[a:b], dtype=np.float32))
         hid[r, :b - a] = torch.from_numpy(fs.hidden[a:b])
         resp[r, int(ds.prompt_len[j]):b - a] = True
-    return {"tokens": toks, "lsa": lsa, "hidden": hid, "response": resp}
+        if resid is not None:
+            resid[r, :b - a] = torch.from_numpy(np.asarray(fs.resid[a:b], dtype=np.float32))
+    out = {"tokens": toks, "lsa": lsa, "hidden": hid, "response": resp}
+    if resid is not None:
+        out["resid"] = resid
+    return out
 
 
 def _pack(order: np.ndarray, lens: np.ndarray, batch_tokens: int) -> list[list[int]]:
@@ -183,19 +225,24 @@ def _autocast(enabled: bool):
 
 def loss_fn(model: MoaDrafter, b: dict[str, torch.Tensor], T: torch.Tensor, stair: torch.Tensor,
             ce_weight: float, bf16: bool) -> tuple[torch.Tensor, dict[str, float]]:
-    """0.1 * soft-CE + SmoothL1 over response positions (spec §21.2, TLI 0)."""
-    sa, ca, _ = bounded_masks(b["response"], T, stair)
+    """Loss over response positions (spec §21.2): TLI 0 ``0.1 * softCE + SmoothL1(z, h)``; TLI N
+    ``0.1 * softCE + 0.5 * SmoothL1(final, h) + 0.5 * SmoothL1(z, resid_{L-N})``, where ``final``
+    is the post-norm output of the target's last N layers run on ``z`` (:meth:`MoaDrafter.head_input`)."""
+    sa, ca, start = bounded_masks(b["response"], T, stair)
     with _autocast(bf16):
         z = model(b["tokens"], b["lsa"], sa, ca)
+        u = model.head_input(z, b["lsa"], start)
     sel = b["response"]
-    zr = z[sel].float()
+    ur = u[sel].float()
     hr = b["hidden"][sel]
     with _autocast(bf16):
         with torch.no_grad():
-            p = torch.softmax(model.logits(hr).float(), dim=-1)
-        logq = torch.log_softmax(model.logits(zr).float(), dim=-1)
+            p = torch.softmax(model.label_logits(hr).float(), dim=-1)
+        logq = torch.log_softmax(model.draft_logits(ur).float(), dim=-1)
     ce = -(p * logq).sum(-1).mean()
-    feat = F.smooth_l1_loss(zr, hr, reduction="none").mean(-1).mean()
+    feat = F.smooth_l1_loss(ur, hr, reduction="none").mean(-1).mean()
+    if model.tli:
+        feat = 0.5 * feat + 0.5 * F.smooth_l1_loss(z[sel].float(), b["resid"][sel], reduction="none").mean(-1).mean()
     loss = ce_weight * ce + feat
     return loss, {"loss": float(loss.detach()), "ce": float(ce.detach()), "feat": float(feat.detach())}
 
@@ -215,7 +262,8 @@ def eval_acceptance(model: MoaDrafter, ds: Dataset, fs: FeatureStore, idx: list[
         sa, ca, start = bounded_masks(resp, T, torch.tensor([False]))
         with _autocast(bf16):
             z = model(b["tokens"], b["lsa"], sa, ca)
-        dr = model.logits(z[0].float()).argmax(-1)
+            u = model.head_input(z, b["lsa"], start)
+        dr = model.draft_ids(u[0].float())
         tg = model.logits(b["hidden"][0]).argmax(-1)
         ok = (dr == tg).numpy()
         st = start[0].numpy()
@@ -245,19 +293,31 @@ class Trainer:
 
     def __init__(self, spec: DrafterSpec, tt: TorchTarget, ds: Dataset, fs: FeatureStore, out_dir: Path,
                  settings: TrainSettings, log: Callable[[str], None] = print) -> None:
+        """``settings.draft_vocab`` > 0 chooses a reduced draft vocabulary from the training split
+        (:func:`moa_cpp.train.vocab.draft_vocab`)."""
         self.s = settings
         self.ds, self.fs, self.out, self.log = ds, fs, Path(out_dir), log
         torch.set_num_threads(settings.threads)
         torch.manual_seed(settings.seed)
-        self.model = MoaDrafter(spec, tt.embed.data, None if tt.lm_head is tt.embed else tt.lm_head.data)
-        self.model.init_weights(settings.seed, settings.init_std)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, betas=(0.9, 0.95),
-                                     weight_decay=settings.weight_decay)
         rng = np.random.default_rng(settings.seed)
         greedy = np.flatnonzero(ds.greedy)
         self.heldout = sorted(rng.permutation(greedy)[: min(settings.holdout, max(0, len(greedy) // 5))].tolist())
         held = set(self.heldout)
         self.train_idx = np.asarray([i for i in range(len(ds)) if i not in held])
+        self.d2t: Optional[np.ndarray] = None
+        if settings.draft_vocab:
+            self.d2t = draft_vocab(ds, self.train_idx, tt.embed.shape[0], settings.draft_vocab)
+            log(f"train: reduced draft vocabulary {len(self.d2t)} of {tt.embed.shape[0]} tokens "
+                f"(covers {vocab_coverage(ds, self.heldout, self.d2t):.1%} of held-out response tokens)")
+        self.model = MoaDrafter(spec, tt.embed.data, None if tt.lm_head is tt.embed else tt.lm_head.data,
+                                d2t=self.d2t)
+        self.model.init_weights(settings.seed, settings.init_std)
+        if settings.tli:
+            if fs.resid is None:
+                raise ValueError(f"TLI {settings.tli} needs features with resid_layer = {tt.n_layer - settings.tli}")
+            self.model.attach_tli(tt, settings.tli)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, betas=(0.9, 0.95),
+                                     weight_decay=settings.weight_decay)
         self.lens = np.diff(ds.offsets)
         self.step = 0
         self.total: Optional[int] = settings.steps

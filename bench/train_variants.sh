@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Issue 4 measurement table: TLI 0 / TLI 1, reduced / whole vocabulary, trained on the SAME data
+# and features as the shipped drafter (out/default, made by the one command in docs/training.md),
+# each for the same number of steps, so only the variant differs.
+#   bash bench/train_variants.sh [STEPS]     (default 300; ~8-11 min per variant on 2 cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${1:-300}
+SRC=out/default
+test -f $SRC/data/manifest.json && test -f $SRC/features/done.json || { echo "run the default training first" >&2; exit 1; }
+run() {  # name, extra flags...
+    local name=$1; shift
+    local out=out/variants/$name
+    mkdir -p $out
+    ln -sfn "$(realpath $SRC/data)" $out/data
+    ln -sfn "$(realpath $SRC/features)" $out/features
+    # data flags identical to the default run, so its data/ and features/ are reused
+    .venv/bin/moa-cpp train --target smollm2 --out $out --n-samples 900 --data-minutes 22 \
+        --steps "$STEPS" --eval-every 100 "$@" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|step/s" > $out/train.log
+}
+run tli0-v8192 --draft-vocab 8192
+run tli1-v8192 --draft-vocab 8192 --tli 1
+run tli0-full
