@@ -2,7 +2,8 @@
 # Issue 4 measurement table: TLI 0 / TLI 1, reduced / whole vocabulary, trained on the SAME data
 # and features as the shipped drafter (out/default, made by the one command in docs/training.md),
 # each for the same number of steps, so only the variant differs.
-#   bash bench/train_variants.sh [STEPS]     (default 300; ~8-11 min per variant on 2 cores)
+#   bash bench/train_variants.sh [STEPS]     (default 300; ~8-11 min per variant on 2 cores,
+#   then ~3 min each for the native evaluation: PROMPTS per set, default 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-300}
@@ -21,3 +22,13 @@ run() {  # name, extra flags...
 run tli0-v8192 --draft-vocab 8192
 run tli1-v8192 --draft-vocab 8192 --tli 1
 run tli0-full
+# SA from target layer 0, CA from the last target layer (so SA/CA take the target's FFN width)
+run tli0-v8192-init --draft-vocab 8192 --init-from-target --sa-ffn 1536 --ca-ffn 1536
+
+# native engine on the evaluation sets (benchmark only): greedy chain-4, Q8_0 target, 2 threads
+Q8=$(.venv/bin/python -c "from moa_cpp.models import smollm2_q8_0_path; print(smollm2_q8_0_path())")
+for name in tli0-v8192 tli1-v8192 tli0-full tli0-v8192-init; do
+    .venv/bin/python bench/run_eval.py -m "$Q8" -d out/variants/$name/drafter.gguf --variants chain:4 \
+        --prompts ${PROMPTS:-3} --max-tokens 64 --threads 2 --out bench/results/issue4-variant-$name.json \
+        > out/variants/$name/eval.txt 2>&1
+done

@@ -329,3 +329,27 @@ def test_long_context_near_ties_counted(tmp_path):
     print(f"\n[lossless] smollm2 long context (300 tokens, 2 threads): batch noise {noise:.3f}; "
           f"near-tie divergences: {divergences or 'none'}")
     target.close()
+
+
+@pytest.mark.parametrize("cfg", [DraftConfig("chain", chain=4), SMALL_TREE], ids=["chain4", "tree3,3,10"])
+def test_trained_default_drafter_lossless(ctx, cfg):
+    """The shipped SmolLM2 drafter (trained, reduced draft vocabulary: draft ids mapped back through
+    d2t) accepts real drafts, and the output still equals plain decoding token for token."""
+    from moa_cpp.defaults import DEFAULT_DRAFTER
+
+    if not ctx.name.startswith("smollm2"):
+        pytest.skip("the shipped drafter is SmolLM2's")
+    drafter = DrafterModel(DEFAULT_DRAFTER, ctx.target.path)
+    try:
+        state = DrafterState(drafter, n_ctx=512, n_draft_max=128, n_batch=128)
+        loop = SpeculativeLoop(ctx.target, MoAProposer(state, cfg), cfg)
+        chk = Checker()
+        loop.on_cycle = chk
+        accepted = 0
+        for i, ids in enumerate(ctx.prompts):
+            toks, st = run(loop, ids, cfg)
+            ctx.check(i, toks, f"trained {cfg.mode}")
+            accepted += st.accepted
+        assert accepted > 0 and chk.events["partial"] + chk.events["full"] > 0, chk.events
+    finally:
+        drafter.close()

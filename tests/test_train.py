@@ -154,6 +154,50 @@ def test_masks_follow_spec() -> None:
     assert sa[0, 0, 5].tolist() == [True] * 6 + [False] * 2
 
 
+def test_epochs_with_different_batch_counts(fixture_dir: Path, tmp_path: Path) -> None:
+    """Packing differs per epoch (shuffled order), so epochs may hold different numbers of batches:
+    every epoch must still visit each training sample exactly once, across epoch boundaries."""
+    from moa_cpp.train.data import Dataset
+    from moa_cpp.train.trainer import FeatureStore
+
+    rng = np.random.default_rng(0)
+    lens = rng.integers(20, 200, size=60)
+    ds = Dataset(tokens=np.zeros(int(lens.sum()), np.int32), offsets=np.r_[0, np.cumsum(lens)].astype(np.int64),
+                 prompt_len=np.full(60, 5, np.int32), greedy=np.zeros(60, bool))
+    tt = TorchTarget.from_gguf(fixture_dir / "target-f32.gguf")
+    fs = FeatureStore(np.zeros((len(ds.tokens), 1, 1), np.float16), np.zeros((len(ds.tokens), 1), np.float32))
+    tr = Trainer(spec_from_target(fixture_dir / "target-f32.gguf", **FIXTURE_SIZES), tt, ds, fs, tmp_path,
+                 TrainSettings(batch_tokens=512, holdout=0), log=lambda s: None)
+    counts = [len(tr._batches_of_epoch(e)) for e in range(8)]
+    assert len(set(counts)) > 1, counts  # the case that used to crash
+    step = 0
+    for e, n in enumerate(counts):
+        seen = []
+        for _ in range(n):
+            epoch, ids = tr.batch_at(step)
+            assert epoch == e
+            seen += ids
+            step += 1
+        assert sorted(seen) == sorted(tr.train_idx.tolist())
+
+
+def test_init_from_target(fixture_dir: Path) -> None:
+    """SA starts as target layer 0 and CA as the last target layer; mismatched sizes are refused."""
+    target = fixture_dir / "target-f32.gguf"
+    tt = TorchTarget.from_gguf(target)
+    ffn, kv = tt.layers[0].ffn_gate.shape[0], tt.n_head_kv
+    sizes = dict(FIXTURE_SIZES, sa_ffn=ffn, ca_ffn=ffn, sa_kv=kv, ca_kv=kv)
+    m = MoaDrafter(spec_from_target(target, **sizes), tt.embed.data)
+    m.init_weights(0)
+    m.init_from_target(tt)
+    assert torch.equal(m.self_attention.self_attn.k_proj.weight, tt.layers[0].attn_k)
+    assert torch.equal(m.cross_attention.mlp.down_proj.weight, tt.layers[-1].ffn_down)
+    assert torch.equal(m.cross_attention.input_layernorm.weight, tt.layers[-1].attn_norm)
+    bad = MoaDrafter(spec_from_target(target, **dict(sizes, sa_ffn=ffn + 32)), tt.embed.data)
+    with pytest.raises(ValueError, match="target's FFN width"):
+        bad.init_from_target(tt)
+
+
 def test_lr_schedule() -> None:
     s = TrainSettings(lr=1e-3, warmup=50, min_lr_ratio=0.05)
     assert lr_at(0, 1000, s) == pytest.approx(2e-5)

@@ -3,7 +3,7 @@
 The shipped SmolLM2 drafter is made by one command (docs/training.md has its numbers)::
 
     moa-cpp train --target smollm2 --out out/default --n-samples 900 --data-minutes 22 --minutes 24 \
-        --epochs 10 --draft-vocab 8192 --eval-every 100 --install-default
+        --epochs 10 --draft-vocab 8192 --eval-every 100 --outtype q8_0 --install-default
 
 Steps (each reused when its output already exists in ``--out``, so an interrupted run resumes):
 
@@ -56,11 +56,15 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tli", type=int, default=0,
                    help="target layer inference N: the target's last N layers run on the drafter output "
                         "(each draft row then costs N target layers more; default 0)")
+    p.add_argument("--init-from-target", action="store_true",
+                   help="start SA from target layer 0 and CA from the last layer (with --sa-ffn/--ca-ffn = the "
+                        "target's FFN width)")
     p.add_argument("--sa-ffn", type=int, default=1024)
     p.add_argument("--ca-ffn", type=int, default=1024)
     p.add_argument("--lsa-ffn", type=int, default=384)
     p.add_argument("--eval-every", type=int, default=50)
-    p.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"])
+    p.add_argument("--outtype", default="f16", choices=["f32", "f16", "q8_0", "q4_0"],
+                   help="GGUF matrix type (default f16; the shipped drafter is q8_0)")
     p.add_argument("--install-default", action="store_true",
                    help="copy the GGUF to moa_cpp/data/moa-smollm2-135m-instruct.gguf (the embedded default)")
 
@@ -105,7 +109,8 @@ def run_train(args: argparse.Namespace) -> int:
     spec = spec_from_target(target, sa_ffn=args.sa_ffn, ca_ffn=args.ca_ffn, lsa_ffn=args.lsa_ffn)
     ts = TrainSettings(seed=args.seed, steps=args.steps, minutes=args.minutes, epochs=args.epochs,
                        batch_tokens=args.batch_tokens, lr=args.lr, threads=args.threads, bf16=not args.no_bf16,
-                       eval_every=args.eval_every, draft_vocab=args.draft_vocab, tli=args.tli)
+                       eval_every=args.eval_every, draft_vocab=args.draft_vocab, tli=args.tli,
+                       init_from_target=args.init_from_target)
     tr = Trainer(spec, tt, ds, fs, out, ts)
     summary = tr.run()
     t_train = time.time() - t0 - t_data - t_feat

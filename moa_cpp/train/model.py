@@ -181,6 +181,28 @@ class MoaDrafter(nn.Module):
                 else:
                     p.copy_(torch.randn(p.shape, generator=g) * std)
 
+    _FROM_TARGET = {"attn_norm": "input_layernorm.weight", "attn_q": "self_attn.q_proj.weight",
+                    "attn_k": "self_attn.k_proj.weight", "attn_v": "self_attn.v_proj.weight",
+                    "attn_output": "self_attn.o_proj.weight", "ffn_norm": "post_attention_layernorm.weight",
+                    "ffn_gate": "mlp.gate_proj.weight", "ffn_up": "mlp.up_proj.weight",
+                    "ffn_down": "mlp.down_proj.weight"}
+
+    def init_from_target(self, target: "TorchTarget", sa_layer: int = 0, ca_layer: int = -1) -> None:
+        """Start SA from target layer ``sa_layer`` (it reads token embeddings, like layer 0) and CA
+        from target layer ``ca_layer`` (its output feeds the LM head, like the last layer). Needs
+        the SA/CA sizes of a target layer (``sa_ffn = ca_ffn =`` the target's FFN width, KV heads
+        as the target's). LSA and Ekv2E keep the random init."""
+        for mod, li in ((self.self_attention, sa_layer), (self.cross_attention, ca_layer)):
+            src = target.layers[li]
+            params = dict(mod.named_parameters())
+            for t_name, hf in self._FROM_TARGET.items():
+                w = getattr(src, t_name).data
+                if params[hf].shape != w.shape:
+                    raise ValueError(f"init from target layer {li}: {hf} is {tuple(params[hf].shape)}, the target's "
+                                     f"{t_name} is {tuple(w.shape)} (use the target's FFN width and KV heads)")
+                with torch.no_grad():
+                    params[hf].copy_(w)
+
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The 29 trainable tensors under their HF names (spec §17.1), plus ``draft_lm_head.weight``
         and the int64 ``d2t`` (absolute target ids) with a reduced draft vocabulary."""

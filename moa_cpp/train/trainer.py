@@ -73,6 +73,7 @@ class TrainSettings:
     init_std: float = 0.02
     draft_vocab: int = 0                # > 0: reduced draft vocabulary of this many tokens
     tli: int = 0                        # target layer inference N (features need resid_layer = L - N)
+    init_from_target: bool = False      # SA from target layer 0, CA from the last layer (sizes must match)
 
 
 def lr_at(step: int, total: int, s: TrainSettings) -> float:
@@ -312,6 +313,8 @@ class Trainer:
         self.model = MoaDrafter(spec, tt.embed.data, None if tt.lm_head is tt.embed else tt.lm_head.data,
                                 d2t=self.d2t)
         self.model.init_weights(settings.seed, settings.init_std)
+        if settings.init_from_target:
+            self.model.init_from_target(tt)
         if settings.tli:
             if fs.resid is None:
                 raise ValueError(f"TLI {settings.tli} needs features with resid_layer = {tt.n_layer - settings.tli}")
@@ -319,6 +322,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, betas=(0.9, 0.95),
                                      weight_decay=settings.weight_decay)
         self.lens = np.diff(ds.offsets)
+        self._epoch_cache: dict[int, list[list[int]]] = {}
         self.step = 0
         self.total: Optional[int] = settings.steps
         self.history: list[dict] = []
@@ -333,7 +337,20 @@ class Trainer:
         return [batches[k] for k in rng.permutation(len(batches))]
 
     def steps_per_epoch(self) -> int:
+        """Batches in epoch 0 (later epochs pack differently and may have one more or less)."""
         return len(self._batches_of_epoch(0))
+
+    def batch_at(self, step: int) -> tuple[int, list[int]]:
+        """(epoch, sample ids) of ``step``: the epochs' batch lists one after another. (Indexing
+        every epoch with epoch 0's length crashed once a later epoch packed into fewer batches.)"""
+        epoch, first = 0, 0
+        while True:
+            if epoch not in self._epoch_cache:
+                self._epoch_cache[epoch] = self._batches_of_epoch(epoch)
+            n = len(self._epoch_cache[epoch])
+            if step < first + n:
+                return epoch, self._epoch_cache[epoch][step - first]
+            epoch, first = epoch + 1, first + n
 
     def _draws(self, step: int, n: int, progress: float) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(self.s.seed * 7919 + step)
@@ -384,8 +401,7 @@ class Trainer:
         last = {}
         tokens_seen = self.history[-1].get("tokens", 0) if self.history else 0
         while self.total is None or self.step < self.total:
-            epoch, k = divmod(self.step, spe)
-            batch_ids = self._batches_of_epoch(epoch)[k]
+            _, batch_ids = self.batch_at(self.step)
             total = self.total or total_guess
             progress = self.step / max(1, total)
             b = _batch(self.ds, self.fs, batch_ids)
