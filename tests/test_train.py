@@ -366,3 +366,22 @@ def test_self_generated_data_in_rounds(tmp_path: Path) -> None:
     again = generate_dataset(smollm2_path(), tmp_path / "data", st, log=logs.append)
     np.testing.assert_array_equal(again.tokens, ds.tokens)
     assert "reusing" in logs[-1]
+
+
+def test_draft_vocab_choice() -> None:
+    """Top-V response tokens by count (ties: lower id), response-ending tokens always kept, prompt
+    tokens ignored; coverage is the held-in share."""
+    from moa_cpp.train.data import Dataset
+    from moa_cpp.train.vocab import draft_vocab, vocab_coverage
+
+    # two samples: prompt [9, 9, 9] then response; the rare token 7 ends every response
+    seqs = [[9, 9, 9, 1, 1, 1, 2, 2, 3, 7], [9, 9, 9, 1, 2, 3, 4, 4, 5, 7]]
+    ds = Dataset(tokens=np.concatenate(seqs).astype(np.int32), offsets=np.array([0, 10, 20], np.int64),
+                 prompt_len=np.array([3, 3], np.int32), greedy=np.ones(2, bool))
+    # counts in responses: 1:4, 2:3, 3:2, 4:2, 7:2, 5:1; 9 only in prompts
+    np.testing.assert_array_equal(draft_vocab(ds, [0, 1], 16, 3), [1, 2, 7])   # 7 kept: it ends responses
+    np.testing.assert_array_equal(draft_vocab(ds, [0, 1], 16, 4), [1, 2, 3, 7])  # 3 beats 4 on the tie
+    assert 9 not in draft_vocab(ds, [0, 1], 16, 7)
+    assert vocab_coverage(ds, [0, 1], np.array([1, 2, 7])) == pytest.approx(9 / 14)
+    with pytest.raises(ValueError):
+        draft_vocab(ds, [0, 1], 16, 0)
