@@ -181,3 +181,19 @@ def test_cli_generate_missing_drafter(fx, tmp_path):
     p = subprocess.run([sys.executable, "-m", "moa_cpp.cli", "generate", "-m", str(tgt_path),
                         "-d", str(tmp_path / "none.gguf"), "-p", "x"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "not found" in p.stderr
+
+
+@pytest.mark.model
+def test_cli_embedded_default_drafter() -> None:
+    """README's main job: `moa-cpp generate` without -m/-d uses SmolLM2 + the shipped drafter
+    (chain 4 forced, so drafts really run) and prints exactly what plain decoding prints."""
+    def run(*extra: str) -> dict:
+        out = subprocess.run([sys.executable, "-m", "moa_cpp.cli", "generate", "-p", "Name three primary colors.",
+                              "--chat", "--max-tokens", "24", "--threads", "1", "--json", *extra],
+                             capture_output=True, text=True, timeout=600, check=True)
+        return json.loads(out.stdout)
+
+    spec, plain = run("--chain", "4"), run("--no-draft")
+    assert spec["draft"] == "chain:4" and plain["draft"] == "none"
+    assert spec["tokens"] == plain["tokens"] and spec["n_tokens"] > 0
+    assert spec["target_calls"] < plain["target_calls"]  # the trained drafter got tokens accepted
