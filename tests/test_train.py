@@ -282,7 +282,8 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
     summary = tr.run()
     with torch.no_grad():
         loss1 = float(loss_fn(tr.model, batch, T, stair, 0.1, False)[0])
-    assert loss1 < 0.5 * loss0, (loss0, loss1)  # TLI 1 measured 0.32x (its resid term fits slower)
+    # TLI 1 measured 0.32x: its second regression (z vs the residual stream) fits slower
+    assert loss1 < (0.5 if tli else 0.3) * loss0, (loss0, loss1)
     assert summary["steps"] == 100
     snap = tr.model.save(tmp_path / "snapshot")
     trained = convert(snap, tmp_path / "trained.gguf", outtype="f32", target_gguf=target, tli=tli, progress=False)
@@ -385,3 +386,40 @@ def test_draft_vocab_choice() -> None:
     assert vocab_coverage(ds, [0, 1], np.array([1, 2, 7])) == pytest.approx(9 / 14)
     with pytest.raises(ValueError):
         draft_vocab(ds, [0, 1], 16, 0)
+
+
+def test_feature_cache_adds_residual_later(fixture_dir: Path, tmp_path: Path) -> None:
+    """A feature cache made for TLI 0 gains the TLI residual by one more target pass; the result
+    equals computing everything at once."""
+    from moa_cpp.train.data import Dataset
+
+    tt = TorchTarget.from_gguf(fixture_dir / "target-f32.gguf")
+    rng = np.random.default_rng(0)
+    lens = [12, 30, 7]
+    ds = Dataset(tokens=rng.integers(0, 1000, sum(lens)).astype(np.int32),
+                 offsets=np.r_[0, np.cumsum(lens)].astype(np.int64), prompt_len=np.full(3, 2, np.int32),
+                 greedy=np.ones(3, bool))
+    layer = tt.n_layer - 1
+    at_once = compute_features(tt, ds, None, log=lambda s: None, bf16=False, resid_layer=layer)
+    first = compute_features(tt, ds, tmp_path / "f", log=lambda s: None, bf16=False)
+    assert first.resid is None
+    later = compute_features(tt, ds, tmp_path / "f", log=lambda s: None, bf16=False, resid_layer=layer)
+    np.testing.assert_array_equal(later.resid, at_once.resid)
+    np.testing.assert_array_equal(np.asarray(later.lsa), at_once.lsa)
+    np.testing.assert_array_equal(later.hidden, at_once.hidden)
+    assert np.abs(at_once.resid).max() > 0
+
+
+@pytest.mark.parametrize("args,match", [(["--tli", "99"], "--tli 99: must be in 0.."),
+                                        (["--tli", "-1"], "--tli -1"),
+                                        (["--draft-vocab", "-3"], "--draft-vocab -3: must be >= 0")])
+def test_train_cli_rejects_bad_arguments(fixture_dir: Path, tmp_path: Path, args: list[str], match: str) -> None:
+    """Checked before any data is generated: exit 2, a clear message, nothing written."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "moa_cpp.cli", "train", "--target", str(fixture_dir / "target-f32.gguf"),
+                        "--out", str(tmp_path / "run"), *args], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr
+    assert match in p.stderr
+    assert not (tmp_path / "run").exists()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -48,8 +47,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=2e-3, help="peak LR (paper 6e-4; 2e-3 worked better for short CPU runs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: all usable cores; on a quiet 2-core box 2 threads ran a "
-                        "step in 1.6 s vs 2.6 s with 1)")
+                   help="torch threads (default: all usable cores; use 1 when the machine is busy)")
     p.add_argument("--no-bf16", action="store_true", help="train in F32 (default: bf16 autocast on CPU)")
     p.add_argument("--draft-vocab", type=int, default=0,
                    help="reduced draft vocabulary: the N most frequent response tokens (0: whole target vocabulary)")
@@ -81,6 +79,7 @@ def run_train(args: argparse.Namespace) -> int:
     import torch
 
     from ..convert import convert
+    from ..errors import InvalidArgumentError
     from ..random_drafter import spec_from_target
     from .data import DataSettings, concat_datasets, generate_dataset, load_dataset
     from .target_torch import TorchTarget
@@ -88,10 +87,18 @@ def run_train(args: argparse.Namespace) -> int:
 
     t0 = time.time()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     target = _target_path(args.target)
+    # checked before the (long) data generation
+    spec = spec_from_target(target, sa_ffn=args.sa_ffn, ca_ffn=args.ca_ffn, lsa_ffn=args.lsa_ffn)
+    if not 0 <= args.tli < spec.target_layers:
+        raise InvalidArgumentError(f"--tli {args.tli}: must be in 0..{spec.target_layers - 1} (the target has "
+                                   f"{spec.target_layers} layers)")
+    if args.draft_vocab < 0:
+        raise InvalidArgumentError(f"--draft-vocab {args.draft_vocab}: must be >= 0 (0: whole vocabulary)")
+    out.mkdir(parents=True, exist_ok=True)
     if args.threads is None:
-        args.threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        from ..target import _default_threads
+        args.threads = _default_threads()
     torch.set_num_threads(args.threads)
     dset = DataSettings(seed=args.seed, n_samples=args.n_samples, minutes=args.data_minutes,
                         n_parallel=args.n_parallel, max_new_tokens=args.max_new_tokens,
@@ -106,7 +113,6 @@ def run_train(args: argparse.Namespace) -> int:
     fs = compute_features(tt, ds, out / "features", bf16=not args.no_bf16,
                           resid_layer=tt.n_layer - args.tli if args.tli else None)
     t_feat = time.time() - t0 - t_data
-    spec = spec_from_target(target, sa_ffn=args.sa_ffn, ca_ffn=args.ca_ffn, lsa_ffn=args.lsa_ffn)
     ts = TrainSettings(seed=args.seed, steps=args.steps, minutes=args.minutes, epochs=args.epochs,
                        batch_tokens=args.batch_tokens, lr=args.lr, threads=args.threads, bf16=not args.no_bf16,
                        eval_every=args.eval_every, draft_vocab=args.draft_vocab, tli=args.tli,

@@ -41,7 +41,7 @@ from ..random_drafter import DrafterSpec
 from .data import Dataset
 from .masks import bounded_masks
 from .model import MoaDrafter
-from .target_torch import TorchTarget
+from .target_torch import TargetFeatures, TorchTarget
 from .vocab import draft_vocab, vocab_coverage
 
 __all__ = ["TrainSettings", "FeatureStore", "compute_features", "Trainer", "eval_acceptance", "lr_at"]
@@ -116,6 +116,28 @@ def _groups(ds: Dataset, max_tokens: int):
         yield grp, toks
 
 
+def _f16(x: torch.Tensor) -> np.ndarray:
+    return x.float().numpy().astype(np.float16)
+
+
+def _target_pass(tt: TorchTarget, ds: Dataset, max_tokens: int, bf16: bool, resid_layer: Optional[int],
+                 desc: str, store: Callable[[TargetFeatures, int, int, int], None]) -> float:
+    """One target forward over every sample; ``store(out, row, a, b)`` keeps tokens ``a:b`` of
+    batch row ``row``. Returns the seconds taken."""
+    from tqdm import tqdm
+
+    t0 = time.time()
+    with tqdm(total=len(ds.tokens), desc=desc, unit="tok", mininterval=5) as bar:
+        for grp, toks in _groups(ds, max_tokens):
+            with _autocast(bf16):
+                out = tt(toks, resid_layer=resid_layer)
+            for r, j in enumerate(grp):
+                a, b = int(ds.offsets[j]), int(ds.offsets[j + 1])
+                store(out, r, a, b)
+                bar.update(b - a)
+    return time.time() - t0
+
+
 def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = None,
                      log: Callable[[str], None] = print, max_tokens: int = 4096, bf16: bool = True,
                      resid_layer: Optional[int] = None) -> FeatureStore:
@@ -125,11 +147,14 @@ def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = N
     ``resid_layer``: also keep the residual stream entering that layer (TLI N: ``L - N``); with a
     cache holding the rest already, only that is computed (another target pass).
     """
-    from tqdm import tqdm
-
     n_tok = len(ds.tokens)
     L, W, d = tt.n_layer, tt.lsa_width, tt.embed.shape[1]
     resid_name = f"resid-{resid_layer}.npy"
+    resid = np.empty((n_tok, d), dtype=np.float16) if resid_layer is not None else None
+
+    def store_resid(out: TargetFeatures, r: int, a: int, b: int) -> None:
+        resid[a:b] = _f16(out.resid[r, :b - a])
+
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         done = cache_dir / "done.json"
@@ -137,38 +162,25 @@ def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = N
             fs = FeatureStore(np.load(cache_dir / "lsa.npy", mmap_mode="r"), np.load(cache_dir / "hidden.npy"))
             if resid_layer is not None:
                 if not (cache_dir / resid_name).is_file():
-                    resid = np.empty((n_tok, d), dtype=np.float16)
-                    t0 = time.time()
-                    with tqdm(total=n_tok, desc=f"target residual (layer {resid_layer})", unit="tok", mininterval=5) as bar:
-                        for grp, toks in _groups(ds, max_tokens):
-                            with _autocast(bf16):
-                                out = tt(toks, resid_layer=resid_layer)
-                            for r, j in enumerate(grp):
-                                a, b = ds.offsets[j], ds.offsets[j + 1]
-                                resid[a:b] = out.resid[r, :b - a].float().numpy().astype(np.float16)
-                                bar.update(int(b - a))
+                    secs = _target_pass(tt, ds, max_tokens, bf16, resid_layer,
+                                        f"target residual (layer {resid_layer})", store_resid)
                     np.save(cache_dir / resid_name, resid)
-                    log(f"features: residual of layer {resid_layer} for {n_tok} tokens in {time.time() - t0:.0f}s")
+                    log(f"features: residual of layer {resid_layer} for {n_tok} tokens in {secs:.0f}s")
                 fs.resid = np.load(cache_dir / resid_name)
             return fs
         lsa = np.lib.format.open_memmap(cache_dir / "lsa.npy", mode="w+", dtype=np.float16, shape=(n_tok, L, W))
     else:
         lsa = np.empty((n_tok, L, W), dtype=np.float16)
     hidden = np.empty((n_tok, d), dtype=np.float32)
-    resid = np.empty((n_tok, d), dtype=np.float16) if resid_layer is not None else None
-    t0 = time.time()
-    with tqdm(total=n_tok, desc="target features", unit="tok", mininterval=5) as bar:
-        for grp, toks in _groups(ds, max_tokens):
-            with _autocast(bf16):
-                out = tt(toks, resid_layer=resid_layer)
-            for r, j in enumerate(grp):
-                a, b = ds.offsets[j], ds.offsets[j + 1]
-                lsa[a:b] = out.lsa_in[r, :b - a].float().numpy().astype(np.float16)
-                hidden[a:b] = out.hidden[r, :b - a].float().numpy()
-                if resid is not None:
-                    resid[a:b] = out.resid[r, :b - a].float().numpy().astype(np.float16)
-                bar.update(int(b - a))
-    log(f"features: {n_tok} tokens in {time.time() - t0:.0f}s ({n_tok / max(time.time() - t0, 1e-9):.0f} tok/s)")
+
+    def store_all(out: TargetFeatures, r: int, a: int, b: int) -> None:
+        lsa[a:b] = _f16(out.lsa_in[r, :b - a])
+        hidden[a:b] = out.hidden[r, :b - a].float().numpy()
+        if resid is not None:
+            store_resid(out, r, a, b)
+
+    secs = _target_pass(tt, ds, max_tokens, bf16, resid_layer, "target features", store_all)
+    log(f"features: {n_tok} tokens in {secs:.0f}s ({n_tok / max(secs, 1e-9):.0f} tok/s)")
     if cache_dir is not None:
         lsa.flush()
         np.save(cache_dir / "hidden.npy", hidden)
