@@ -3,7 +3,9 @@
 # and features as the shipped drafter (out/default, made by the one command in docs/training.md),
 # each for the same number of steps, so only the variant differs.
 #   bash bench/train_variants.sh [STEPS]     (default 300; ~8-11 min per variant on 2 cores,
-#   then ~3 min each for the native evaluation: PROMPTS per set, default 3)
+#   then the native evaluation: PROMPTS per set, default 10; EVAL variants, default
+#   "chain:4 tree:4,4,16"; ~5 min per drafter). A variant whose drafter.gguf exists is not
+#   retrained (delete it to retrain).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-300}
@@ -12,6 +14,7 @@ test -f $SRC/data/manifest.json && test -f $SRC/features/done.json || { echo "ru
 run() {  # name, extra flags...
     local name=$1; shift
     local out=out/variants/$name
+    if test -f $out/drafter.gguf; then echo "$name: reusing $out/drafter.gguf"; return; fi
     mkdir -p $out
     ln -sfn "$(realpath $SRC/data)" $out/data
     ln -sfn "$(realpath $SRC/features)" $out/features
@@ -25,10 +28,10 @@ run tli0-full
 # SA from target layer 0, CA from the last target layer (so SA/CA take the target's FFN width)
 run tli0-v8192-init --draft-vocab 8192 --init-from-target --sa-ffn 1536 --ca-ffn 1536
 
-# native engine on the evaluation sets (benchmark only): greedy chain-4, Q8_0 target, 2 threads
+# native engine on the evaluation sets (benchmark only): greedy, Q8_0 target, 2 threads
 Q8=$(.venv/bin/python -c "from moa_cpp.models import smollm2_q8_0_path; print(smollm2_q8_0_path())")
 for name in tli0-v8192 tli1-v8192 tli0-full tli0-v8192-init; do
-    .venv/bin/python bench/run_eval.py -m "$Q8" -d out/variants/$name/drafter.gguf --variants chain:4 \
-        --prompts ${PROMPTS:-3} --max-tokens 64 --threads 2 --out bench/results/issue4-variant-$name.json \
+    .venv/bin/python bench/run_eval.py -m "$Q8" -d out/variants/$name/drafter.gguf --variants ${EVAL:-chain:4 tree:4,4,16} \
+        --prompts ${PROMPTS:-10} --max-tokens 64 --threads 2 --out bench/results/issue4-variant-$name.json \
         > out/variants/$name/eval.txt 2>&1
 done

@@ -412,7 +412,10 @@ def test_feature_cache_adds_residual_later(fixture_dir: Path, tmp_path: Path) ->
 
 @pytest.mark.parametrize("args,match", [(["--tli", "99"], "--tli 99: must be in 0.."),
                                         (["--tli", "-1"], "--tli -1"),
-                                        (["--draft-vocab", "-3"], "--draft-vocab -3: must be >= 0")])
+                                        (["--draft-vocab", "-3"], "--draft-vocab -3: must be >= 0"),
+                                        (["--device", "tpu"], "--device: device 'tpu': use auto, cpu or cuda"),
+                                        # no CUDA here: "sees no CUDA device"; with CUDA: "only N device(s)"
+                                        (["--device", "cuda:99"], "--device: device 'cuda:99'")])
 def test_train_cli_rejects_bad_arguments(fixture_dir: Path, tmp_path: Path, args: list[str], match: str) -> None:
     """Checked before any data is generated: exit 2, a clear message, nothing written."""
     import subprocess
@@ -423,3 +426,40 @@ def test_train_cli_rejects_bad_arguments(fixture_dir: Path, tmp_path: Path, args
     assert p.returncode == 2, p.stderr
     assert match in p.stderr
     assert not (tmp_path / "run").exists()
+
+
+def _synthetic_run(tt: TorchTarget, fixture_dir: Path, tmp_path: Path, device: str, tli: int) -> tuple[list, dict]:
+    from moa_cpp.train.data import Dataset
+
+    rng = np.random.default_rng(1)
+    lens = [40, 33, 52, 47, 29, 61, 38, 44]
+    ds = Dataset(tokens=rng.integers(0, 1000, sum(lens)).astype(np.int32),
+                 offsets=np.r_[0, np.cumsum(lens)].astype(np.int64), prompt_len=np.full(len(lens), 5, np.int32),
+                 greedy=np.ones(len(lens), bool))
+    fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False,
+                          resid_layer=tt.n_layer - tli if tli else None)
+    ts = TrainSettings(seed=0, steps=12, batch_tokens=128, lr=3e-3, holdout=1, eval_every=6, ckpt_every=1000,
+                       threads=1, bf16=False, draft_vocab=64, tli=tli, device=device)
+    tr = Trainer(spec_from_target(fixture_dir / "target-f32.gguf", **FIXTURE_SIZES), tt, ds, fs, tmp_path / device,
+                 ts, log=lambda s: None)
+    summary = tr.run()
+    return summary["history"], tr.model.hf_state_dict()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the same run on the CPU is "
+                    "test_tiny_training_run_beats_random_drafter)")
+@pytest.mark.parametrize("tli", [0, 1])
+def test_cuda_training_matches_cpu(fixture_dir: Path, tmp_path: Path, tli: int) -> None:
+    """The same 12 F32 steps on CUDA and on the CPU (features, masks, draws, reduced vocabulary,
+    TLI) give the same held-out estimates and weights up to kernel rounding (TF32 off)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cpu_hist, cpu_w = _synthetic_run(TorchTarget.from_gguf(fixture_dir / "target-f32.gguf"), fixture_dir,
+                                     tmp_path, "cpu", tli)
+    gpu_hist, gpu_w = _synthetic_run(TorchTarget.from_gguf(fixture_dir / "target-f32.gguf").to("cuda"),
+                                     fixture_dir, tmp_path, "cuda", tli)
+    assert [h["step"] for h in gpu_hist] == [h["step"] for h in cpu_hist] == [0, 6, 12]
+    for hc, hg in zip(cpu_hist[1:], gpu_hist[1:]):
+        assert hg["loss"] == pytest.approx(hc["loss"], rel=1e-3)
+    for k, v in cpu_w.items():
+        assert gpu_w[k].device.type == "cpu"
+        np.testing.assert_allclose(gpu_w[k].numpy(), v.numpy(), rtol=1e-2, atol=1e-4, err_msg=k)

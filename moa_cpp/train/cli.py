@@ -48,7 +48,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: all usable cores; use 1 when the machine is busy)")
-    p.add_argument("--no-bf16", action="store_true", help="train in F32 (default: bf16 autocast on CPU)")
+    p.add_argument("--no-bf16", action="store_true", help="train in F32 (default: bf16 autocast)")
+    p.add_argument("--device", default="auto",
+                   help="torch device for features and training: auto (CUDA when torch sees one, else CPU), "
+                        "cpu, cuda or cuda:N; data generation always runs in llama.cpp")
     p.add_argument("--draft-vocab", type=int, default=0,
                    help="reduced draft vocabulary: the N most frequent response tokens (0: whole target vocabulary)")
     p.add_argument("--tli", type=int, default=0,
@@ -83,7 +86,7 @@ def run_train(args: argparse.Namespace) -> int:
     from ..random_drafter import spec_from_target
     from .data import DataSettings, concat_datasets, generate_dataset, load_dataset
     from .target_torch import TorchTarget
-    from .trainer import Trainer, TrainSettings, compute_features
+    from .trainer import Trainer, TrainSettings, compute_features, resolve_device
 
     t0 = time.time()
     out = Path(args.out)
@@ -95,6 +98,10 @@ def run_train(args: argparse.Namespace) -> int:
                                    f"{spec.target_layers} layers)")
     if args.draft_vocab < 0:
         raise InvalidArgumentError(f"--draft-vocab {args.draft_vocab}: must be >= 0 (0: whole vocabulary)")
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        raise InvalidArgumentError(f"--device: {e}") from None
     out.mkdir(parents=True, exist_ok=True)
     if args.threads is None:
         from ..target import _default_threads
@@ -109,14 +116,14 @@ def run_train(args: argparse.Namespace) -> int:
     if args.extra_data:
         ds = concat_datasets([ds] + [load_dataset(d) for d in args.extra_data])
     t_data = time.time() - t0
-    tt = TorchTarget.from_gguf(target)
+    tt = TorchTarget.from_gguf(target).to(device)
     fs = compute_features(tt, ds, out / "features", bf16=not args.no_bf16,
                           resid_layer=tt.n_layer - args.tli if args.tli else None)
     t_feat = time.time() - t0 - t_data
     ts = TrainSettings(seed=args.seed, steps=args.steps, minutes=args.minutes, epochs=args.epochs,
                        batch_tokens=args.batch_tokens, lr=args.lr, threads=args.threads, bf16=not args.no_bf16,
                        eval_every=args.eval_every, draft_vocab=args.draft_vocab, tli=args.tli,
-                       init_from_target=args.init_from_target)
+                       init_from_target=args.init_from_target, device=device)
     tr = Trainer(spec, tt, ds, fs, out, ts)
     summary = tr.run()
     t_train = time.time() - t0 - t_data - t_feat

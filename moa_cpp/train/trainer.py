@@ -22,6 +22,10 @@ the F32 one. TLI N > 0 runs the target's last N layers on ``z`` as the engine do
 Deterministic for a fixed ``steps`` (seeded init, data order, T and staircase draws; CPU torch
 kernels are deterministic at a fixed thread count). ``minutes`` instead chooses ``steps`` from the
 measured speed of the first steps (recorded in the checkpoint, so a resume keeps it).
+
+Device: ``TrainSettings.device`` ("cpu" or "cuda[:i]"). The model is built and initialised on the
+CPU (same seeded weights on every device), then moved; batches, masks and draws follow it. On CUDA
+the run is seeded but not bit-reproducible (cuBLAS / SDPA kernels choose their own reductions).
 """
 from __future__ import annotations
 
@@ -44,7 +48,26 @@ from .model import MoaDrafter
 from .target_torch import TargetFeatures, TorchTarget
 from .vocab import draft_vocab, vocab_coverage
 
-__all__ = ["TrainSettings", "FeatureStore", "compute_features", "Trainer", "eval_acceptance", "lr_at"]
+__all__ = ["TrainSettings", "FeatureStore", "compute_features", "Trainer", "eval_acceptance", "lr_at",
+           "resolve_device"]
+
+
+def resolve_device(name: str = "auto") -> str:
+    """``"auto"`` -> ``"cuda"`` when torch sees a CUDA device, else ``"cpu"``; ``"cuda[:i]"`` without
+    one raises ``ValueError`` (a clear message instead of torch's lazy-init error mid-run)."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r}: this torch build sees no CUDA device "
+                             f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
+        idx = torch.device(name).index
+        if idx is not None and idx >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s)")
+        return name
+    if name != "cpu":
+        raise ValueError(f"device {name!r}: use auto, cpu or cuda[:i]")
+    return name
 
 
 @dataclass
@@ -74,6 +97,7 @@ class TrainSettings:
     draft_vocab: int = 0                # > 0: reduced draft vocabulary of this many tokens
     tli: int = 0                        # target layer inference N (features need resid_layer = L - N)
     init_from_target: bool = False      # SA from target layer 0, CA from the last layer (sizes must match)
+    device: str = "cpu"                 # "cpu" or "cuda[:i]" (resolve "auto" with resolve_device)
 
 
 def lr_at(step: int, total: int, s: TrainSettings) -> float:
@@ -117,7 +141,7 @@ def _groups(ds: Dataset, max_tokens: int):
 
 
 def _f16(x: torch.Tensor) -> np.ndarray:
-    return x.float().numpy().astype(np.float16)
+    return x.float().cpu().numpy().astype(np.float16)
 
 
 def _target_pass(tt: TorchTarget, ds: Dataset, max_tokens: int, bf16: bool, resid_layer: Optional[int],
@@ -127,10 +151,11 @@ def _target_pass(tt: TorchTarget, ds: Dataset, max_tokens: int, bf16: bool, resi
     from tqdm import tqdm
 
     t0 = time.time()
+    dev = tt.embed.device
     with tqdm(total=len(ds.tokens), desc=desc, unit="tok", mininterval=5) as bar:
         for grp, toks in _groups(ds, max_tokens):
-            with _autocast(bf16):
-                out = tt(toks, resid_layer=resid_layer)
+            with _autocast(bf16, dev.type):
+                out = tt(toks.to(dev), resid_layer=resid_layer)
             for r, j in enumerate(grp):
                 a, b = int(ds.offsets[j]), int(ds.offsets[j + 1])
                 store(out, r, a, b)
@@ -143,7 +168,8 @@ def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = N
                      resid_layer: Optional[int] = None) -> FeatureStore:
     """Run the torch target over every sample once (cached in ``cache_dir`` when given).
 
-    ``bf16``: CPU autocast (the reference also ran its target in bf16, spec §3.4); ~5x faster here.
+    ``bf16``: bf16 autocast (the reference also ran its target in bf16, spec §3.4); ~5x faster on
+    this CPU. Runs on ``tt``'s device (move it with ``tt.to("cuda")``); features are stored on the host.
     ``resid_layer``: also keep the residual stream entering that layer (TLI N: ``L - N``); with a
     cache holding the rest already, only that is computed (another target pass).
     """
@@ -175,7 +201,7 @@ def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = N
 
     def store_all(out: TargetFeatures, r: int, a: int, b: int) -> None:
         lsa[a:b] = _f16(out.lsa_in[r, :b - a])
-        hidden[a:b] = out.hidden[r, :b - a].float().numpy()
+        hidden[a:b] = out.hidden[r, :b - a].float().cpu().numpy()
         if resid is not None:
             store_resid(out, r, a, b)
 
@@ -190,8 +216,9 @@ def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = N
     return FeatureStore(lsa, hidden, resid)
 
 
-def _batch(ds: Dataset, fs: FeatureStore, idx: list[int]) -> dict[str, torch.Tensor]:
-    """Right-padded tensors of samples ``idx``."""
+def _batch(ds: Dataset, fs: FeatureStore, idx: list[int],
+           device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Right-padded tensors of samples ``idx`` (built on the host, then moved to ``device``)."""
     lens = [int(ds.offsets[j + 1] - ds.offsets[j]) for j in idx]
     B, S = len(idx), max(lens)
     L, W = fs.lsa.shape[1:]
@@ -211,6 +238,8 @@ def _batch(ds: Dataset, fs: FeatureStore, idx: list[int]) -> dict[str, torch.Ten
     out = {"tokens": toks, "lsa": lsa, "hidden": hid, "response": resp}
     if resid is not None:
         out["resid"] = resid
+    if torch.device(device).type != "cpu":
+        out = {k: v.to(device, non_blocking=True) for k, v in out.items()}
     return out
 
 
@@ -232,8 +261,9 @@ def _pack(order: np.ndarray, lens: np.ndarray, batch_tokens: int) -> list[list[i
     return out
 
 
-def _autocast(enabled: bool):
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled) if enabled else torch.autocast("cpu", enabled=False)
+def _autocast(enabled: bool, device_type: str = "cpu"):
+    """bf16 autocast of the matmuls on ``device_type`` (master weights stay F32)."""
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=enabled)
 
 
 def loss_fn(model: MoaDrafter, b: dict[str, torch.Tensor], T: torch.Tensor, stair: torch.Tensor,
@@ -242,13 +272,14 @@ def loss_fn(model: MoaDrafter, b: dict[str, torch.Tensor], T: torch.Tensor, stai
     ``0.1 * softCE + 0.5 * SmoothL1(final, h) + 0.5 * SmoothL1(z, resid_{L-N})``, where ``final``
     is the post-norm output of the target's last N layers run on ``z`` (:meth:`MoaDrafter.head_input`)."""
     sa, ca, start = bounded_masks(b["response"], T, stair)
-    with _autocast(bf16):
+    dt = b["tokens"].device.type
+    with _autocast(bf16, dt):
         z = model(b["tokens"], b["lsa"], sa, ca)
         u = model.head_input(z, b["lsa"], start)
     sel = b["response"]
     ur = u[sel].float()
     hr = b["hidden"][sel]
-    with _autocast(bf16):
+    with _autocast(bf16, dt):
         with torch.no_grad():
             p = torch.softmax(model.label_logits(hr).float(), dim=-1)
         logq = torch.log_softmax(model.draft_logits(ur).float(), dim=-1)
@@ -265,21 +296,22 @@ def eval_acceptance(model: MoaDrafter, ds: Dataset, fs: FeatureStore, idx: list[
                     bf16: bool = False) -> dict[str, float]:
     """Held-out greedy chain-``depth`` acceptance estimate (module docstring)."""
     model.eval()
+    dev = model.embed.device
     runs: list[int] = []
     agree = np.zeros(depth)
     count = np.zeros(depth)
     for j in idx:
-        b = _batch(ds, fs, [j])
+        b = _batch(ds, fs, [j], dev)
         resp = b["response"]
-        T = torch.tensor([depth + 1])
-        sa, ca, start = bounded_masks(resp, T, torch.tensor([False]))
-        with _autocast(bf16):
+        T = torch.tensor([depth + 1], device=dev)
+        sa, ca, start = bounded_masks(resp, T, torch.tensor([False], device=dev))
+        with _autocast(bf16, dev.type):
             z = model(b["tokens"], b["lsa"], sa, ca)
             u = model.head_input(z, b["lsa"], start)
         dr = model.draft_ids(u[0].float())
         tg = model.logits(b["hidden"][0]).argmax(-1)
-        ok = (dr == tg).numpy()
-        st = start[0].numpy()
+        ok = (dr == tg).cpu().numpy()
+        st = start[0].cpu().numpy()
         S = len(ok)
         # chain starts at every verified position b inside/just before the response
         for bpos in range(int(ds.prompt_len[j]) - 1, S - depth - 1):
@@ -322,14 +354,19 @@ class Trainer:
             self.d2t = draft_vocab(ds, self.train_idx, tt.embed.shape[0], settings.draft_vocab)
             log(f"train: reduced draft vocabulary {len(self.d2t)} of {tt.embed.shape[0]} tokens "
                 f"(covers {vocab_coverage(ds, self.heldout, self.d2t):.1%} of held-out response tokens)")
-        self.model = MoaDrafter(spec, tt.embed.data, None if tt.lm_head is tt.embed else tt.lm_head.data,
-                                d2t=self.d2t)
+        self.device = torch.device(settings.device)
+        # built and initialised on the host (same seeded weights on every device), then moved
+        self.model = MoaDrafter(spec, tt.embed.data.cpu(),
+                                None if tt.lm_head is tt.embed else tt.lm_head.data.cpu(), d2t=self.d2t)
         self.model.init_weights(settings.seed, settings.init_std)
         if settings.init_from_target:
             self.model.init_from_target(tt)
+        self.model.to(self.device)
         if settings.tli:
             if fs.resid is None:
                 raise ValueError(f"TLI {settings.tli} needs features with resid_layer = {tt.n_layer - settings.tli}")
+            if tt.embed.device != self.device:
+                raise ValueError(f"TLI {settings.tli}: the target is on {tt.embed.device}, training on {self.device}")
             self.model.attach_tli(tt, settings.tli)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, betas=(0.9, 0.95),
                                      weight_decay=settings.weight_decay)
@@ -382,7 +419,7 @@ class Trainer:
     def try_resume(self) -> bool:
         if not self.ckpt.is_file():
             return False
-        st = torch.load(self.ckpt, weights_only=False)
+        st = torch.load(self.ckpt, weights_only=False, map_location=self.device)
         self.model.load_state_dict(st["model"])
         self.opt.load_state_dict(st["opt"])
         self.step, self.total, self.history = st["step"], st["total"], st["history"]
@@ -416,8 +453,8 @@ class Trainer:
             _, batch_ids = self.batch_at(self.step)
             total = self.total or total_guess
             progress = self.step / max(1, total)
-            b = _batch(self.ds, self.fs, batch_ids)
-            T, stair = self._draws(self.step, len(batch_ids), progress)
+            b = _batch(self.ds, self.fs, batch_ids, self.device)
+            T, stair = (t.to(self.device) for t in self._draws(self.step, len(batch_ids), progress))
             for g in self.opt.param_groups:
                 g["lr"] = lr_at(self.step, total, s)
             loss, parts = loss_fn(self.model, b, T, stair, s.ce_weight, s.bf16)
