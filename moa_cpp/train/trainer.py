@@ -342,6 +342,7 @@ class Trainer:
         (:func:`moa_cpp.train.vocab.draft_vocab`)."""
         self.s = settings
         self.ds, self.fs, self.out, self.log = ds, fs, Path(out_dir), log
+        self.out.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(settings.threads)
         torch.manual_seed(settings.seed)
         rng = np.random.default_rng(settings.seed)
