@@ -444,7 +444,7 @@ def _synthetic_run(tt: TorchTarget, fixture_dir: Path, tmp_path: Path, device: s
                        threads=1, bf16=False, draft_vocab=64, tli=tli, device=device)
     tr = Trainer(spec_from_target(fixture_dir / "target-f32.gguf", **FIXTURE_SIZES), tt, ds, fs, tmp_path / device,
                  ts, log=lambda s: None)
-    w0 = {k: v.clone() for k, v in tr.model.hf_state_dict().items()}  # on the CPU these alias the parameters
+    w0 = tr.model.hf_state_dict()
     summary = tr.run()
     return summary["history"], w0, tr.model.hf_state_dict()
 

@@ -205,8 +205,9 @@ class MoaDrafter(nn.Module):
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The 29 trainable tensors under their HF names (spec §17.1), plus ``draft_lm_head.weight``
-        and the int64 ``d2t`` (absolute target ids) with a reduced draft vocabulary."""
-        return {k: (v.detach().cpu().contiguous() if k == "d2t" else v.detach().float().cpu().contiguous())
+        and the int64 ``d2t`` (absolute target ids) with a reduced draft vocabulary. Host copies on
+        every device (``.cpu()`` alone would alias the live parameters of a CPU model)."""
+        return {k: v.detach().to("cpu", dtype=v.dtype if k == "d2t" else torch.float32, copy=True).contiguous()
                 for k, v in self.state_dict().items()}
 
     def load_hf(self, tensors: dict[str, Any]) -> None:

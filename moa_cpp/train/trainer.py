@@ -238,9 +238,7 @@ def _batch(ds: Dataset, fs: FeatureStore, idx: list[int],
     out = {"tokens": toks, "lsa": lsa, "hidden": hid, "response": resp}
     if resid is not None:
         out["resid"] = resid
-    if torch.device(device).type != "cpu":
-        out = {k: v.to(device, non_blocking=True) for k, v in out.items()}
-    return out
+    return {k: v.to(device, non_blocking=True) for k, v in out.items()}  # no-op on the CPU
 
 
 def _pack(order: np.ndarray, lens: np.ndarray, batch_tokens: int) -> list[list[int]]:
@@ -355,14 +353,15 @@ class Trainer:
             self.d2t = draft_vocab(ds, self.train_idx, tt.embed.shape[0], settings.draft_vocab)
             log(f"train: reduced draft vocabulary {len(self.d2t)} of {tt.embed.shape[0]} tokens "
                 f"(covers {vocab_coverage(ds, self.heldout, self.d2t):.1%} of held-out response tokens)")
-        self.device = torch.device(settings.device)
         # built and initialised on the host (same seeded weights on every device), then moved
         self.model = MoaDrafter(spec, tt.embed.data.cpu(),
                                 None if tt.lm_head is tt.embed else tt.lm_head.data.cpu(), d2t=self.d2t)
         self.model.init_weights(settings.seed, settings.init_std)
         if settings.init_from_target:
             self.model.init_from_target(tt)
-        self.model.to(self.device)
+        self.model.to(settings.device)
+        # the concrete device ("cuda" -> "cuda:0"), so it compares equal to the target's
+        self.device = self.model.embed.device
         if settings.tli:
             if fs.resid is None:
                 raise ValueError(f"TLI {settings.tli} needs features with resid_layer = {tt.n_layer - settings.tli}")
