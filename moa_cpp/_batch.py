@@ -29,22 +29,27 @@ class LlamaBatch:
         self._logits = np.ctypeslib.as_array(b.logits, shape=(n_tokens_max,))
         # seq_id is a pointer per token to n_seq_max ids (llama_batch_init allocates each row).
         self._seq_rows = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,)) for i in range(n_tokens_max)]
+        self._seq0 = 0    # leading rows whose first sequence id is known to be 0 (saves a loop per decode)
 
-    def fill(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: Optional[SeqIds]) -> None:
-        """Write one decode's inputs; every row requests logits."""
+    def fill(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: Optional[SeqIds], last_only: bool = False) -> None:
+        """Write one decode's inputs; every row requests logits, or only the last one."""
         n = len(tokens)
         if not 0 < n <= self.n_tokens_max:
             raise InvalidArgumentError(f"decode: {n} tokens; a decode takes 1..{self.n_tokens_max} (n_batch)")
         self._token[:n] = tokens
         self._pos[:n] = positions
-        self._logits[:n] = 1
+        self._logits[:n] = 0 if last_only else 1
+        self._logits[n - 1] = 1
         if seq_ids is None:
             self._n_seq_id[:n] = 1
-            for i in range(n):
-                self._seq_rows[i][0] = 0
+            if self._seq0 < n:        # rows up to _seq0 already hold sequence 0 alone
+                for i in range(n):
+                    self._seq_rows[i][0] = 0
+                self._seq0 = n
         else:
             if len(seq_ids) != n:
                 raise InvalidArgumentError(f"decode: {len(seq_ids)} seq_ids entries for {n} tokens")
+            self._seq0 = 0
             for i, s in enumerate(seq_ids):
                 ids = [int(s)] if isinstance(s, (int, np.integer)) else [int(x) for x in s]
                 if not ids or len(ids) > self.n_seq_max or min(ids) < 0 or max(ids) >= self.n_seq_max:

@@ -26,12 +26,17 @@ def _positive(s: str) -> int:
 
 
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
+    # llama.cpp's spellings (-m, -md, -n, -c, -t, -ngl, --draft-max) work alongside the long names
     p.add_argument("-m", "--model", help="target GGUF (default: the embedded default target)")
-    p.add_argument("-d", "--drafter", help="MoA drafter GGUF (default: the embedded default drafter)")
+    p.add_argument("-d", "-md", "--drafter", "--model-draft", dest="drafter",
+                   help="MoA drafter GGUF (default: the embedded default drafter); a plain LLM GGUF given "
+                        "here drafts as a draft model (same as --draft-model)")
+    p.add_argument("--draft-model", metavar="GGUF",
+                   help="classic draft-model speculation: a small LLM with the target's tokenizer drafts")
     p.add_argument("-p", "--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="apply the target GGUF's chat template")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--chain", type=_positive, metavar="N",
+    g.add_argument("--chain", "--draft-max", dest="chain", type=_positive, metavar="N",
                    help="draft a chain of N tokens per cycle (default: cost-aware, 0..8 chosen every cycle)")
     g.add_argument("--tree", type=_tree, metavar="DEPTH,TOPK,TOTAL", help="EAGLE-2 dynamic tree (paper: 6,8,62)")
     g.add_argument("--no-draft", action="store_true", help="plain decoding through the same loop (baseline)")
@@ -39,33 +44,52 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="top-k (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="top-p (1 = off)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
-    p.add_argument("--max-tokens", type=_positive, default=256, help="max new tokens (default 256)")
+    p.add_argument("-n", "--n-predict", "--max-tokens", dest="max_tokens", type=_positive, default=256,
+                   help="max new tokens (default 256)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--n-ctx", type=_positive, default=4096, help="context size (default 4096)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=_positive, default=4096,
+                   help="context size (default 4096)")
+    p.add_argument("-t", "--threads", type=_positive, default=None, help="CPU threads (default: all)")
+    p.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=0,
+                   help="target layers to offload to a GPU (-1: all; default 0)")
     p.add_argument("--device", default="auto", help="drafter device: auto, cpu or a ggml device name")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.add_argument("--verbose", dest="llama_verbose", action="store_true", help="show llama.cpp's own log lines")
+
+
+def _resolve_models(args: argparse.Namespace) -> tuple:
+    """(target, MoA drafter or None, draft model or None, draft setting)."""
+    from . import defaults
+    from .generator import is_moa_drafter
+
+    target, drafter, draft_model = args.model, args.drafter, args.draft_model
+    if drafter is not None and draft_model is None and not is_moa_drafter(drafter):
+        drafter, draft_model = None, drafter          # -md small-llm.gguf: llama.cpp's meaning
+    if drafter is not None and draft_model is not None:
+        raise InvalidArgumentError("pass either an MoA drafter (-d/-md) or --draft-model, not both")
+    if target is None:
+        if drafter is not None or draft_model is not None:
+            raise InvalidArgumentError("-d/--drafter and --draft-model need -m/--model (the drafter's target)")
+        target = defaults.default_target()
+        drafter = None if args.no_draft else defaults.default_drafter()
+    elif drafter is None and draft_model is None and not args.no_draft:
+        raise InvalidArgumentError("-m/--model without -d/--drafter: pass an MoA drafter GGUF, --draft-model or --no-draft")
+    if args.no_draft:
+        return target, None, None, "none"
+    return target, drafter, draft_model, args.tree or (f"chain:{args.chain}" if args.chain else "auto:8")
 
 
 def run_generate(args: argparse.Namespace) -> int:
     from .generator import SpeculativeGenerator
-    from . import defaults
+    from .target import set_llama_log
 
     if args.temp < 0 or not (0 < args.top_p <= 1) or args.top_k < 0:
         raise InvalidArgumentError("--temp must be >= 0, --top-p in (0, 1], --top-k >= 0")
-    target, drafter = args.model, args.drafter
-    if target is None and drafter is None:
-        target, drafter = defaults.default_target(), (None if args.no_draft else defaults.default_drafter())
-    elif target is None:
-        raise InvalidArgumentError("-d/--drafter needs -m/--model (the drafter's target)")
-    elif drafter is None and not args.no_draft:
-        raise InvalidArgumentError("-m/--model without -d/--drafter: pass an MoA drafter GGUF or --no-draft")
-    if args.no_draft:
-        drafter, draft = None, "none"
-    else:
-        draft = args.tree or (f"chain:{args.chain}" if args.chain else "auto:8")
+    set_llama_log(bool(args.llama_verbose or getattr(args, "verbose", False)))
+    target, drafter, draft_model, draft = _resolve_models(args)
     gen = SpeculativeGenerator.from_paths(target, drafter, n_ctx=args.n_ctx, n_threads=args.threads,
-                                          device=args.device, draft=draft)
+                                          n_gpu_layers=args.n_gpu_layers, device=args.device, draft=draft,
+                                          draft_model=draft_model)
     kw = dict(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
               seed=args.seed, stop=args.stop, chat=args.chat)
     if args.json:
@@ -73,14 +97,20 @@ def run_generate(args: argparse.Namespace) -> int:
         st = r.stats
         print(json.dumps({"text": r.text, "tokens": r.tokens, "n_tokens": len(r.tokens),
                           "target_calls": st.target_calls, "tau": st.tau, "tokens_per_s": st.tokens_per_s,
-                          "finish_reason": r.finish_reason, "draft": draft, "stats": st.to_dict()}))
+                          "finish_reason": r.finish_reason, "draft": draft, "decision": st.decision,
+                          "stats": st.to_dict()}), flush=True)
     else:
         for piece in gen.stream(args.prompt, **kw):
             sys.stdout.write(piece)
             sys.stdout.flush()
         st = gen.last_stats
         sys.stdout.write("\n")
+        sys.stdout.flush()
         print(f"[{st.n_generated} tokens, {st.target_calls} target calls, tau {st.tau:.2f}, "
-              f"{st.tokens_per_s:.1f} tok/s, {draft}]", file=sys.stderr)
+              f"{st.tokens_per_s:.1f} tok/s; {st.decision}]", file=sys.stderr, flush=True)
+    if gen.needs_calibration():
+        # after the output: the user's request is answered; the next run uses the measurement
+        print("[measuring this target's verify cost once (cached for later runs)...]", file=sys.stderr, flush=True)
+        gen.calibrate()
     gen.close()
     return 0

@@ -21,10 +21,9 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from .drafter import DrafterModel, DrafterState
-from .spec.loop import SpeculativeLoop
-from .spec.proposer import DraftConfig, MoAProposer
-from .spec.stats import SpecStats
-from .spec.verify import SamplingParams
+from .speculative.loop import SpeculativeLoop
+from .speculative.proposer import MoAProposer
+from .speculative.types import DraftConfig, SamplingParams, SpecStats
 from .target import Target
 
 Prompt = Union[str, Sequence[int]]
@@ -54,6 +53,20 @@ def parse_draft(spec: Union[str, DraftConfig, None]) -> DraftConfig:
     raise ValueError(f"bad draft spec {spec!r}: expected chain:N, tree:DEPTH,TOPK,TOTAL or none")
 
 
+def is_moa_drafter(path: Union[str, Path]) -> bool:
+    """True if ``path`` is an MoA drafter GGUF (general.architecture "moa"), False for any other
+    GGUF (e.g. a small LLM for draft-model speculation)."""
+    import gguf
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"drafter not found: {p}")
+    try:
+        field_ = gguf.GGUFReader(str(p)).fields.get("general.architecture")
+    except Exception as e:  # not a GGUF at all: the loaders give the precise error
+        raise ValueError(f"{p} is not a readable GGUF file: {e}") from None
+    return field_ is not None and bytes(field_.parts[-1]).decode("utf-8", "replace") == "moa"
+
+
 @dataclass
 class GenerationResult:
     text: str
@@ -73,14 +86,17 @@ class SpeculativeGenerator:
     """
 
     def __init__(self, target: Target, drafter: Optional[DrafterModel], *, draft: Union[str, DraftConfig, None] = None,
-                 n_ctx: Optional[int] = None) -> None:
+                 n_ctx: Optional[int] = None, proposer: Any = None) -> None:
         self.target = target
         self.drafter = drafter
-        self.draft = parse_draft(draft) if drafter is not None else DraftConfig("none")
+        has_proposer = drafter is not None or proposer is not None
+        self.draft = parse_draft(draft) if has_proposer else DraftConfig("none")
         n = n_ctx or target.n_ctx
         self.state = (DrafterState(drafter, n_ctx=n, n_draft_max=max(1, 1 + 8 * 64), n_batch=target.n_batch)
                       if drafter is not None else None)
-        self.proposer = MoAProposer(self.state, self.draft) if self.state is not None else None
+        if proposer is None and self.state is not None:
+            proposer = MoAProposer(self.state, self.draft)
+        self.proposer = proposer
         self.loop = SpeculativeLoop(target, self.proposer, self.draft)
         self.last_stats: Optional[SpecStats] = None
         self._last_prompt: list = []     # token ids of the latest prompt (encoded once per call)
@@ -88,12 +104,25 @@ class SpeculativeGenerator:
     @classmethod
     def from_paths(cls, target_path: Union[str, Path], drafter_path: Union[str, Path, None] = None, *,
                    n_ctx: int = 4096, n_threads: Optional[int] = None, n_gpu_layers: int = 0, device: str = "auto",
-                   draft: Union[str, DraftConfig, None] = None, tli: Optional[int] = None) -> "SpeculativeGenerator":
-        """Open a GGUF target and (optionally) an MoA drafter GGUF."""
+                   draft: Union[str, DraftConfig, None] = None, tli: Optional[int] = None,
+                   draft_model: Union[str, Path, None] = None) -> "SpeculativeGenerator":
+        """Open a GGUF target and (optionally) an MoA drafter GGUF, or a small LLM GGUF with the
+        target's tokenizer for classic draft-model speculation (``draft_model``)."""
+        if drafter_path is not None and draft_model is not None:
+            raise ValueError("pass an MoA drafter or a draft model, not both")
         target = Target.from_path(target_path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
-        drafter = (DrafterModel(drafter_path, target_path, device=device, n_threads=n_threads, tli=tli)
-                   if drafter_path is not None else None)
-        return cls(target, drafter, draft=draft)
+        try:
+            drafter = (DrafterModel(drafter_path, target_path, device=device, n_threads=n_threads, tli=tli)
+                       if drafter_path is not None else None)
+            proposer = None
+            if draft_model is not None:
+                from .draft_model import DraftModelProposer
+                proposer = DraftModelProposer.from_path(draft_model, target, n_ctx=n_ctx, n_threads=n_threads,
+                                                        n_gpu_layers=n_gpu_layers)
+        except BaseException:
+            target.close()
+            raise
+        return cls(target, drafter, draft=draft, proposer=proposer)
 
     @classmethod
     def from_llama(cls, llm: Any, drafter_path: Union[str, Path, None] = None, *, draft: Union[str, DraftConfig, None] = None,
@@ -198,6 +227,20 @@ class SpeculativeGenerator:
                 "usage": {"prompt_tokens": len(r.prompt_tokens), "completion_tokens": len(r.tokens),
                           "total_tokens": len(r.prompt_tokens) + len(r.tokens)},
                 "moa": r.stats.to_dict()}
+
+    # ------------------------------------------------------------------ calibration
+
+    def needs_calibration(self) -> bool:
+        """True if a cost-aware generation decoded plainly because this target's verify cost
+        T(k) was not measured yet (see :meth:`calibrate`)."""
+        return self.loop.needs_calibration()
+
+    def calibrate(self) -> None:
+        """Measure what the cost-aware default needs (T(k), the exact batch size) once per model,
+        build and thread count; cached on disk. Seconds on a small model: call it when no user
+        waits (the CLI does after printing its output; a server at start)."""
+        self.loop.policy_for(self.draft)
+        self.loop.calibrate()
 
     def close(self) -> None:
         self.target.close()

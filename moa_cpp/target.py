@@ -17,7 +17,6 @@ Example::
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
@@ -26,6 +25,7 @@ import llama_cpp
 import numpy as np
 
 from ._batch import LlamaBatch, SeqIds
+from .arch import embedding_scale
 from ._native import check, check_ptr, ffi, lib
 from .errors import CacheFullError, InvalidArgumentError, MoaError, MoaIOError
 
@@ -37,9 +37,10 @@ _ROPE_TYPES = {
     llama_cpp.LLAMA_ROPE_TYPE_VISION: "vision",
 }
 _CACHE_TYPES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
-# Architectures whose graph multiplies the token embedding by sqrt(n_embd) before layer 0
-# (src/models/gemma*.cpp: ggml_scale(inpL, sqrtf(n_embd))).
-_EMBD_SQRT_SCALED = ("gemma", "gemma2", "gemma3", "gemma3n", "gemma-embedding")
+
+# The most rows a verification batch may hold: on the CPU, llama.cpp switches to another
+# kernel path at 64 rows (measured on SmolLM2 Q4_1 / Q8_0 with flash attention).
+MAX_VERIFY_ROWS = 63
 
 _backend_ready = False
 
@@ -49,6 +50,18 @@ def _default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def set_llama_log(verbose: bool) -> None:
+    """Let llama.cpp / ggml print their own log lines (model loading, quantizing: hundreds of
+    lines) or keep them quiet (the default of the CLI without --verbose). Process-wide."""
+    global _log_chosen
+    from llama_cpp import _logger
+    _logger.set_verbose(bool(verbose))
+    _log_chosen = True
+
+
+_log_chosen = False   # set_llama_log was called: Target.from_path(verbose=None) keeps that choice
 
 
 def _ensure_backend() -> None:
@@ -80,9 +93,11 @@ class Target:
         self._ctx = None
         self._batch: Optional[LlamaBatch] = None
         self._cap = None
+        self._max_exact_rows: Optional[int] = None
         self.path = path
         self.flash_attn = bool(flash_attn)
         self.kv_unified = bool(kv_unified)
+        self.repack = True  # llama.cpp weight repacking (use_extra_bufts); from_path(repack=False) clears it
         try:
             self._init_context(n_ctx, n_batch, n_ubatch, n_threads, n_seq_max, cache_type, install_callback)
         except BaseException:
@@ -95,8 +110,8 @@ class Target:
     def from_path(cls, path: Union[str, os.PathLike], n_ctx: int = 4096, n_threads: Optional[int] = None,
                   n_gpu_layers: int = 0, *, n_batch: int = 512, n_ubatch: Optional[int] = None,
                   n_seq_max: int = 64, cache_type: str = "f16", use_mmap: bool = True,
-                  install_callback: bool = True, verbose: bool = False, flash_attn: bool = True,
-                  kv_unified: bool = True) -> "Target":
+                  install_callback: bool = True, verbose: Optional[bool] = None, flash_attn: bool = True,
+                  kv_unified: bool = True, repack: bool = True) -> "Target":
         """Load a GGUF target.
 
         Args:
@@ -116,10 +131,13 @@ class Target:
                 capture is then impossible).
             flash_attn: flash attention (default on: batch rows then match single-token decodes
                 bit for bit on SmolLM2; needed for lossless-by-construction greedy speculation).
-            verbose: let llama.cpp log to stderr (process-wide, as in ``llama_cpp.Llama``).
+            verbose: let llama.cpp log to stderr (process-wide, as in ``llama_cpp.Llama``); None
+                keeps what :func:`set_llama_log` chose (quiet if nobody chose).
             kv_unified: one KV cache shared by all sequences (default; tree verification needs
                 it). False: one stream of ``n_ctx / n_seq_max`` cells per sequence, faster for
                 independent sequences decoded together (batched data generation).
+            repack: let llama.cpp repack weights for its faster CPU kernels (default, as llama.cpp;
+                ``llama_model_params.use_extra_bufts``). False keeps the file's layout.
 
         Raises:
             MoaIOError: the file does not exist.
@@ -129,18 +147,21 @@ class Target:
         if not p.is_file():
             raise MoaIOError(f"target model not found: {p}")
         _ensure_backend()
-        from llama_cpp import _logger
-        _logger.set_verbose(verbose)
+        if verbose is not None or not _log_chosen:
+            set_llama_log(bool(verbose))
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
         mparams.use_mmap = use_mmap
+        mparams.use_extra_bufts = repack
         model = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), mparams)
         if not model:
             raise MoaError(f"llama.cpp could not load the model {p} (not a GGUF, unsupported architecture or "
                            "truncated file; pass verbose=True for llama.cpp's log)")
-        return cls(model, p, owns_model=True, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
-                   n_threads=n_threads, n_seq_max=n_seq_max, cache_type=cache_type,
-                   install_callback=install_callback, flash_attn=flash_attn, kv_unified=kv_unified)
+        tgt = cls(model, p, owns_model=True, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
+                  n_threads=n_threads, n_seq_max=n_seq_max, cache_type=cache_type,
+                  install_callback=install_callback, flash_attn=flash_attn, kv_unified=kv_unified)
+        tgt.repack = bool(repack)
+        return tgt
 
     @classmethod
     def from_llama(cls, llm: "llama_cpp.Llama", *, n_ctx: Optional[int] = None, n_threads: Optional[int] = None,
@@ -272,7 +293,26 @@ class Target:
     @property
     def embd_scale(self) -> float:
         """Factor llama.cpp applies to token_embd rows before layer 0 (Gemma: sqrt(n_embd), else 1)."""
-        return math.sqrt(self.n_embd) if self.arch in _EMBD_SQRT_SCALED else 1.0
+        return embedding_scale(self.arch, self.n_embd)
+
+    @property
+    def max_exact_rows(self) -> int:
+        """Largest decode batch whose every row's logits equal a single-token decode's bit for
+        bit (lossless greedy verification stays within it). Measured once per model file,
+        build, threads and settings and cached on disk (:mod:`moa_cpp.exactness`); at most
+        :data:`MAX_VERIFY_ROWS`."""
+        if self._max_exact_rows is None:
+            try:
+                from .exactness import exact_rows
+            except ImportError:                 # pragma: no cover - during the move
+                return MAX_VERIFY_ROWS
+            self._max_exact_rows = min(MAX_VERIFY_ROWS, int(exact_rows(self)))
+        return self._max_exact_rows
+
+    @max_exact_rows.setter
+    def max_exact_rows(self, rows: int) -> None:
+        """Declare it (tests, or a value measured elsewhere)."""
+        self._max_exact_rows = int(rows)
 
     @property
     def n_past(self) -> int:
@@ -326,8 +366,11 @@ class Target:
     # ------------------------------------------------------------------ decoding
 
     def decode(self, tokens: Sequence[int], positions: Optional[Sequence[int]] = None,
-               seq_ids: Optional[SeqIds] = None, capture: bool = True) -> np.ndarray:
-        """One ``llama_decode`` of up to ``n_batch`` tokens; returns logits ``[n, n_vocab]`` (F32).
+               seq_ids: Optional[SeqIds] = None, capture: bool = True, logits: Optional[str] = "all") -> np.ndarray:
+        """One ``llama_decode`` of up to ``n_batch`` tokens; returns logits ``[n, n_vocab]`` (F32),
+        or ``[1, n_vocab]`` of the last row with ``logits="last"`` (or None: not needed). The LM
+        head runs only for the rows asked: a prompt's other rows would cost a vocabulary-sized
+        matmul each (151,936 rows on Qwen2.5).
 
         Args:
             tokens: token ids.
@@ -355,7 +398,8 @@ class Target:
             raise InvalidArgumentError(f"decode: token ids must be in [0, {self.n_vocab})")
         if capture and not self._has_callback:
             raise InvalidArgumentError("decode(capture=True) on a Target built with install_callback=False")
-        self._batch.fill(toks, pos, seq_ids)
+        last_only = logits != "all"
+        self._batch.fill(toks, pos, seq_ids, last_only)
         lib.moa_capture_reset(self._cap)
         lib.moa_capture_set_enabled(self._cap, capture)
         rc = llama_cpp.llama_decode(self._ctx, self._batch.batch)
@@ -368,7 +412,7 @@ class Target:
             if n_rows != n:
                 raise MoaError(f"capture inconsistent: {n_rows} rows captured for a {n}-token decode")
         ptr = llama_cpp.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy()
+        return np.ctypeslib.as_array(ptr, shape=(1 if last_only else n, self.n_vocab)).copy()
 
     @property
     def n_captured(self) -> int:

@@ -14,6 +14,7 @@ import pytest
 from kv_state import parse_seq_state, read_seq_state
 from moa_cpp import models
 from moa_cpp._native import ffi, lib
+from moa_cpp.arch import unpermute_last_axis
 from moa_cpp.errors import CacheFullError, InvalidArgumentError, MoaError, MoaIOError
 from moa_cpp.target import Target
 
@@ -32,10 +33,7 @@ def tiny_path(fixture_dir: Path) -> Path:
     return fixture_dir / "target-f32.gguf"
 
 
-def unpermute(k: np.ndarray) -> np.ndarray:
-    """llama.cpp K layout -> HF along the last axis (index 2i+j holds HF j*D/2+i)."""
-    d = k.shape[-1]
-    return k.reshape(*k.shape[:-1], d // 2, 2).swapaxes(-1, -2).reshape(k.shape)
+unpermute = unpermute_last_axis
 
 
 def decode_chunks(tgt: Target, ids: np.ndarray, sizes: List[int]) -> np.ndarray:

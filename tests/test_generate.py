@@ -14,10 +14,11 @@ from scipy.stats import chisquare
 from moa_cpp.convert import convert
 from moa_cpp.drafter import DrafterModel
 from moa_cpp.generator import SpeculativeGenerator, parse_draft
-from moa_cpp.spec.loop import SpeculativeLoop
-from moa_cpp.spec.oracle import OracleProposer
-from moa_cpp.spec.proposer import DraftConfig
-from moa_cpp.spec.verify import SamplingParams, probs_from_logits
+from moa_cpp.speculative.loop import SpeculativeLoop
+from moa_cpp.testing.oracle import OracleProposer
+from moa_cpp.speculative.types import DraftConfig
+from moa_cpp.speculative.types import SamplingParams
+from moa_cpp.speculative.verify import probs_from_logits
 from moa_cpp.target import Target
 
 ALPHA = 1e-3

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from moa_cpp.spec.proposal import Proposal
-from moa_cpp.spec.verify import SamplingParams, probs_from_logits, verify_sampling
+from moa_cpp.speculative.types import Proposal
+from moa_cpp.speculative.types import SamplingParams
+from moa_cpp.speculative.verify import probs_from_logits, verify_sampling
 
 ALPHA = 1e-3
 N = 40000

@@ -14,6 +14,7 @@ import pytest
 
 from moa_cpp.convert import convert
 from moa_cpp.drafter import Drafter
+from moa_cpp.arch import unpermute_rows
 from moa_cpp.errors import MismatchError
 
 
@@ -31,11 +32,7 @@ def _rope_neox(x, pos, base):
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1)
 
 
-def _unpermute(w, n_head):
-    # GGUF row 2i+j of each head holds HF row j*D/2+i
-    rows, cols = w.shape
-    D = rows // n_head
-    return w.reshape(n_head, D // 2, 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
+_unpermute = unpermute_rows
 
 
 class RefTarget:

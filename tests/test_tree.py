@@ -8,9 +8,11 @@ import pytest
 from conftest import fixture_dirs
 from moa_cpp.convert import convert
 from moa_cpp.drafter import Drafter
-from moa_cpp.spec.proposal import Proposal
-from moa_cpp.spec.proposer import DraftConfig, MoAProposer
-from moa_cpp.spec.verify import SamplingParams, verify_greedy
+from moa_cpp.speculative.types import Proposal
+from moa_cpp.speculative.proposer import MoAProposer
+from moa_cpp.speculative.types import DraftConfig
+from moa_cpp.speculative.types import SamplingParams
+from moa_cpp.speculative.verify import verify_greedy
 
 
 @pytest.mark.parametrize("fx", fixture_dirs(), ids=lambda p: p.name)
@@ -39,7 +41,7 @@ def test_first_tree_matches_reference(fx, tmp_path):
     np.testing.assert_array_equal(p.parents, g["tree1_parents"])
     np.testing.assert_array_equal(p.depths, g["tree1_depths"])
     np.testing.assert_allclose(p.scores, g["tree1_scores"], rtol=0, atol=2e-3)
-    assert prop.draft_rows == 1 + breadth * (depth - 1)
+    assert p.draft_rows == 1 + breadth * (depth - 1)
 
 
 def _logits_rows(argmaxes, V=10):

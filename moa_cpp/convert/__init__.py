@@ -118,8 +118,13 @@ def _metadata(hp: Hparams, source_format: str, n_layers: int, tli: int,
 
 def convert(src: str | os.PathLike[str], out_path: str | os.PathLike[str], outtype: str = "f16",
             target_gguf: str | os.PathLike[str] | None = None, target_block_count: int | None = None,
-            tli: int = 0, revision: str | None = None, progress: bool = True) -> Path:
+            tli: int = 0, revision: str | None = None, progress: bool = True,
+            eval_acceptance: list[float] | None = None) -> Path:
     """Convert an HF MoA checkpoint (local dir or hub repo id) to a MoA drafter GGUF.
+
+    ``eval_acceptance``: the drafter's held-out conditional acceptance per draft depth (the
+    trainer's estimate), recorded as ``moa.eval.acceptance``: the cost-aware draft policy starts
+    from it instead of guessing.
 
     All validation happens before anything is written; the output appears atomically.
     Raises FormatError (bad checkpoint), MismatchError (drafter vs target), MoaIOError,
@@ -141,6 +146,10 @@ def convert(src: str | os.PathLike[str], out_path: str | os.PathLike[str], outty
         raise InvalidArgumentError(f"tli {tli}: must be below the target layer count {n_layers}")
     target_arch = tg.arch if tg else hp.config_arch
     md = _metadata(hp, layout.source_format, n_layers, tli, target_arch, _embedding_scale(hp, tg))
+    if eval_acceptance:
+        if not all(0.0 <= float(a) <= 1.0 for a in eval_acceptance):
+            raise InvalidArgumentError(f"eval_acceptance {eval_acceptance}: rates must be in [0, 1]")
+        md["moa.eval.acceptance"] = [float(a) for a in eval_acceptance]
     d2t = _draft_vocab(layout, hp)
     if d2t is not None:
         md[Keys.DRAFT_VOCAB_SIZE] = len(d2t)

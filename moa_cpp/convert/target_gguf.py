@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arch import embedding_scale
 from ..errors import FormatError, MismatchError, MoaIOError
 from .layouts import Hparams
 
@@ -41,7 +42,7 @@ class TargetInfo:
         """Factor the target applies to token_embd rows before layer 0: sqrt(n_embd) for Gemma
         architectures (llama.cpp src/models/gemma*.cpp), else 1. Same rule as the native loader's
         default for a drafter without ``moa.embedding_scale``."""
-        return math.sqrt(self.n_embd) if self.arch.startswith("gemma") else 1.0
+        return embedding_scale(self.arch, self.n_embd)
 
     def as_fallback(self) -> dict[str, Any]:
         """Values the drafter config may lack (see layouts.derive_hparams)."""

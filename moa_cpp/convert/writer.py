@@ -29,9 +29,11 @@ _STR_KEYS = {Keys.ROPE_QK_LAYOUT, Keys.TARGET_ARCH, Keys.LSA_INPUT_LAYOUT, Keys.
 _BOOL_KEYS = {Keys.TARGET_BUNDLED}
 
 
-def add_moa_kv(w: gguf.GGUFWriter, key: str, value: int | float | str | bool) -> None:
+def add_moa_kv(w: gguf.GGUFWriter, key: str, value: int | float | str | bool | list) -> None:
     """Add one ``moa.*`` key with the type the format fixes for it (docs/gguf-format.md)."""
-    if key in _STR_KEYS:
+    if isinstance(value, (list, tuple)):          # moa.eval.acceptance: float32 array
+        w.add_array(key, [float(v) for v in value])
+    elif key in _STR_KEYS:
         w.add_string(key, str(value))
     elif key in _F32_KEYS:
         w.add_float32(key, float(value))

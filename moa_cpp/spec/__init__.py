@@ -1,3 +1,2 @@
-"""The speculative loop, in vLLM's roles: a Proposer drafts a :class:`Proposal` (a tree; a chain
-is a tree with one child per node), a Scorer runs ONE target decode over it, a Verifier
-(pure numpy) turns the target's logits into a :class:`Verdict`, and the loop commits it."""
+"""Deprecated alias of :mod:`moa_cpp.speculative` (kept for one release; the oracle proposer
+moved to :mod:`moa_cpp.testing.oracle`). Import from the new paths."""

@@ -131,8 +131,10 @@ def run_train(args: argparse.Namespace) -> int:
                                                   "data_manifest": json.loads((out / "data" / "manifest.json").read_text()),
                                                   "extra_data": [str(d) for d in args.extra_data],
                                                   "final": summary["final"]})
+    final = summary["final"]
+    acceptance = [final[f"acc@{k}"] for k in range(1, 9) if f"acc@{k}" in final] or None
     gguf = convert(snap, out / "drafter.gguf", outtype=args.outtype, target_gguf=target, tli=args.tli,
-                   progress=False)
+                   progress=False, eval_acceptance=acceptance)
     if args.install_default:
         from ..defaults import DEFAULT_DRAFTER
         DEFAULT_DRAFTER.parent.mkdir(parents=True, exist_ok=True)

@@ -30,15 +30,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..arch import unpermute_rows
+
 __all__ = ["TargetFeatures", "TorchTarget", "rope_cos_sin", "apply_rope", "unpermute_rows"]
-
-
-def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's per-head Q/K row permutation (convert_hf_to_gguf ``permute``):
-    GGUF rows ``(head, D/2, 2)`` back to HF rows ``(head, 2, D/2)``."""
-    out_dim = w.shape[0]
-    d = out_dim // n_head
-    return w.reshape(n_head, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,

@@ -1,0 +1,291 @@
+"""The speculative loop: :meth:`SpeculativeLoop.prefill`, then :meth:`SpeculativeLoop.step` =
+propose -> score (one target decode) -> verify -> commit, until EOG, max_tokens or the context
+is full. :meth:`SpeculativeLoop.run` drives both and yields each step's tokens.
+
+Bookkeeping per cycle (moa-architecture.md §12): the root (position n) is the last emitted
+token, not yet decoded by the target. The verification decode writes the root and the draft
+nodes; after acceptance of a nodes the target keeps positions n..n+a, the drafter commits the
+K/V of those a+1 rows (LSA -> CA cache) and feeds their tokens to its SA context at the next
+cycle, and the bonus token becomes the next root at n+a+1.
+
+Thread safety: one loop drives one generation at a time (it owns the target's KV cache);
+several loops on several targets / drafter states may run in parallel threads.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+
+from ..errors import CacheFullError
+from ..target import MAX_VERIFY_ROWS, Target
+from .policy import CostAwarePolicy, FixedPolicy, make_policy
+from .scorer import TargetScorer
+from .types import NO_DRAFT, DraftConfig, Proposal, Proposer, SamplingParams, SpecStats, StepResult
+from .verify import probs_from_logits, verify
+
+
+@dataclass
+class StepEvent:
+    """Tokens emitted by one step (prefill or cycle) of a streaming generation."""
+
+    tokens: list
+    stats: SpecStats
+
+
+@dataclass
+class Generation:
+    """The mutable state of one generation (owned by the loop between steps)."""
+
+    max_tokens: int
+    sp: SamplingParams
+    policy: object
+    rng: Optional[np.random.Generator]
+    stats: SpecStats
+    root: int = -1                 # last emitted token, not yet decoded by the target
+    n: int = 0                     # its position (= verified tokens in the target's KV cache)
+    drafting: bool = False         # proposer active (capture + drafter commits)
+    feed: list = field(default_factory=list)    # verified tokens the drafter's SA context has not seen
+    carry: list = field(default_factory=list)   # verified tokens to re-decode ahead of the next root
+    generated: int = 0
+    max_rows: int = 1              # largest exact verification batch (resolved before prefill)
+    finished: bool = False
+    t_start: float = 0.0
+
+
+def _sample(logits: np.ndarray, sp: SamplingParams, rng: Optional[np.random.Generator]) -> int:
+    if sp.greedy:
+        return int(np.argmax(logits))
+    return int(rng.choice(logits.shape[-1], p=probs_from_logits(logits, sp)))
+
+
+class SpeculativeLoop:
+    """Drives one generation at a time over a :class:`Target` and an optional proposer.
+
+    ``draft`` is the default draft setting (``DraftConfig``); ``auto`` modes use a
+    :class:`CostAwarePolicy` kept across generations (its acceptance estimate is learned)."""
+
+    def __init__(self, target: Target, proposer: Optional[Proposer], draft: DraftConfig) -> None:
+        self.target = target
+        self.proposer = proposer
+        self.draft = draft if proposer is not None else NO_DRAFT
+        self.scorer = TargetScorer(target)
+        self._policies: dict = {}
+        # Optional observer of every cycle: on_cycle(pos, root, proposal, scores, verdict) (tests,
+        # diagnostics). Called after verification, before the commit.
+        self.on_cycle = None
+
+    # ------------------------------------------------------------------ settings
+
+    @property
+    def max_batch_rows(self) -> int:
+        """Largest verification batch (root + carry + drafts): the largest batch whose rows the
+        target computes bit-identically to single-token decodes (measured once per model, see
+        :attr:`Target.max_exact_rows`), so greedy speculation stays token-identical to plain
+        decoding. A target on which no batch of 2+ rows is exact (e.g. some F32 builds, GPUs)
+        gets the full 63 rows: there exactness is impossible without giving up speculation, and
+        greedy output can differ from plain decoding at near-ties only (``exact_batches`` False)."""
+        r = self.target.max_exact_rows
+        return r if r >= 2 else MAX_VERIFY_ROWS
+
+    @property
+    def exact_batches(self) -> bool:
+        """True if verification batches are bit-identical to single-token decodes on this target."""
+        return self.target.max_exact_rows >= 2
+
+    def policy_for(self, cfg: DraftConfig):
+        """The policy object of a draft setting (cost-aware ones persist across generations)."""
+        key = str(cfg)
+        if key not in self._policies:
+            self._policies[key] = make_policy(cfg)
+        return self._policies[key]
+
+    def needs_calibration(self) -> bool:
+        """True if a cost-aware generation ran plainly because T(k) was not measured yet."""
+        return any(p.needs_calibration() for p in self._policies.values())
+
+    def calibrate(self) -> None:
+        """Measure (once, cached on disk) what the cost-aware policies need: T(k) and the exact
+        batch size. Call it when a user is not waiting (after a CLI run, at server start)."""
+        for p in self._policies.values():
+            if isinstance(p, CostAwarePolicy):
+                p.calibrate(self.target)
+        _ = self.target.max_exact_rows
+
+    # ------------------------------------------------------------------ prefill
+
+    def prefill(self, prompt: Sequence[int], max_tokens: int, sp: SamplingParams,
+                draft: Optional[DraftConfig] = None) -> tuple[Generation, StepResult]:
+        """Decode the prompt (n_batch chunks; the drafter commits each chunk's K/V when the
+        policy drafts) and sample the first token."""
+        tgt = self.target
+        prompt = np.asarray(prompt, dtype=np.int32).reshape(-1)
+        if prompt.size == 0:
+            raise ValueError("empty prompt")
+        if prompt.size >= tgt.n_ctx:
+            raise ValueError(f"the prompt ({prompt.size} tokens) does not fit the context ({tgt.n_ctx} positions)")
+        cfg = (draft or self.draft) if self.proposer is not None else NO_DRAFT
+        policy = self.policy_for(cfg)
+        drafting, why = policy.begin(tgt, self.proposer, lambda: max(0, self.max_batch_rows - 1))
+        g = Generation(max_tokens, sp, policy, np.random.default_rng(sp.seed) if not sp.greedy else None,
+                       SpecStats(n_prompt=int(prompt.size), decision=why), drafting=drafting)
+        if drafting:
+            # before the prefill: measuring it (once per model, cached) uses the KV cache
+            g.max_rows = self.max_batch_rows
+        capture = drafting and bool(getattr(self.proposer, "needs_capture", False))
+        tgt.clear()
+        if self.proposer is not None:
+            self.proposer.reset()
+        t0 = time.perf_counter()
+        for off in range(0, prompt.size, tgt.n_batch):
+            chunk = prompt[off: off + tgt.n_batch]
+            last = off + chunk.size >= prompt.size
+            logits = tgt.decode(chunk, np.arange(off, off + chunk.size, dtype=np.int32), capture=capture,
+                                logits="last" if last else None)
+            g.stats.prefill_calls += 1
+            if capture:
+                self.proposer.observe(tgt.captured_lsa_in(), off)
+        g.root = _sample(logits[-1], sp, g.rng)
+        g.stats.t_prefill = time.perf_counter() - t0
+        g.feed, g.n = list(prompt), int(prompt.size)
+        g.t_start = time.perf_counter()
+        return g, self._emit(g, [g.root], drafted=0, accepted=0, rows=0, shape="none")
+
+    # ------------------------------------------------------------------ one cycle
+
+    def step(self, g: Generation) -> StepResult:
+        """One cycle: propose -> score -> verify -> commit. Call until ``result.finished``."""
+        room = self.target.n_ctx - g.n - 1      # KV cells left for drafts after the root
+        if room < 0:
+            return self._finish(g, "length")
+        cfg = self._shape(g, room)
+        t = time.perf_counter()
+        proposal = self._propose(g, cfg)
+        t_draft = time.perf_counter() - t
+        t = time.perf_counter()
+        try:
+            scores = self.scorer.score(g.carry, g.root, g.n, proposal, g.drafting and self._captures(),
+                                       g.max_rows)
+        except CacheFullError:
+            return self._finish(g, "length")     # llama.cpp left the cache unchanged
+        t_target = time.perf_counter() - t
+        verdict = verify(proposal, scores.logits, g.sp, g.rng)
+        if self.on_cycle is not None:
+            self.on_cycle(g.n, g.root, proposal, scores, verdict)
+        g.carry = self.scorer.commit(g.n, proposal, scores, verdict)
+        t_capture, t_commit = self._commit_drafter(g, scores, verdict)
+        g.policy.update(proposal.n, verdict.n_accepted)
+        g.feed = g.feed + [g.root] + verdict.tokens
+        g.n += verdict.n_accepted + 1
+        g.root = verdict.bonus
+        st = g.stats
+        st.target_calls += 1
+        st.t_target += t_target
+        st.t_drafter += t_draft + t_commit
+        st.t_capture += t_capture
+        st.record_depths(int(proposal.depths.max()) if proposal.n else 0, verdict.n_accepted)
+        st.accept_lengths.append(verdict.n_accepted + 1)
+        return self._emit(g, verdict.tokens + [verdict.bonus], proposal.n, verdict.n_accepted,
+                          proposal.draft_rows, str(cfg), t_draft + t_commit, t_target, t_capture)
+
+    def _captures(self) -> bool:
+        return bool(getattr(self.proposer, "needs_capture", False))
+
+    def _shape(self, g: Generation, room: int) -> DraftConfig:
+        """This cycle's draft shape: the policy's choice, cut to the tokens left and the room."""
+        if not g.drafting:
+            return NO_DRAFT
+        st = g.stats
+        policy = g.policy
+        if isinstance(policy, CostAwarePolicy):
+            cfg = policy.choose(st.t_drafter / st.draft_rows if st.draft_rows else None)
+            if cfg.mode == "none" and policy.gave_up():
+                # drafting does not pay here: plain decoding for the rest of this generation,
+                # without capture and drafter commits
+                g.drafting = False
+                st.decision += "; stopped drafting: the observed acceptance does not pay"
+            st.auto_choices[cfg.chain if cfg.mode == "chain" else 0] = \
+                st.auto_choices.get(cfg.chain if cfg.mode == "chain" else 0, 0) + 1
+        else:
+            cfg = policy.choose(None)
+        left = min(g.max_tokens - g.generated, room)
+        if cfg.mode == "chain" and cfg.chain > left:
+            cfg = DraftConfig("chain", chain=left) if left > 0 else NO_DRAFT
+        return cfg
+
+    def _propose(self, g: Generation, cfg: DraftConfig) -> Proposal:
+        if cfg.mode == "none":
+            return Proposal.empty()
+        proposal = self.proposer.propose(g.feed, g.root, g.n, g.sp, g.rng, cfg)
+        g.feed = []
+        room = self.target.n_ctx - g.n - 1
+        cap = min(g.max_rows - 1 - len(g.carry), room) if proposal.n else 0
+        if proposal.n > cap:
+            proposal = proposal.prefix(max(0, cap))
+        g.stats.draft_rows += proposal.draft_rows
+        g.stats.drafted += proposal.n
+        return proposal
+
+    def _commit_drafter(self, g: Generation, scores, verdict) -> tuple[float, float]:
+        """The drafter commits the K/V of the root and the accepted rows (LSA -> CA cache)."""
+        if not (g.drafting and self._captures()):
+            return 0.0, 0.0
+        rows = [int(scores.batch_row[0])] + [int(scores.batch_row[i + 1]) for i in verdict.path]
+        t = time.perf_counter()
+        lsa = self.target.captured_lsa_in(rows)
+        t_capture = time.perf_counter() - t
+        t = time.perf_counter()
+        self.proposer.observe(lsa, g.n)
+        return t_capture, time.perf_counter() - t
+
+    # ------------------------------------------------------------------ results
+
+    def _emit(self, g: Generation, candidates: list, drafted: int, accepted: int, rows: int, shape: str,
+              t_drafter: float = 0.0, t_target: float = 0.0, t_capture: float = 0.0) -> StepResult:
+        """Emit verified tokens up to EOG / max_tokens; update the generation's stats."""
+        out: list = []
+        reason = ""
+        for tok in candidates:
+            if self.target.is_eog(tok):
+                reason = "stop"
+                g.stats.eog_token = tok
+                break
+            if g.generated + len(out) >= g.max_tokens:
+                reason = "length"
+                break
+            out.append(tok)
+        g.generated += len(out)
+        if not reason and g.generated >= g.max_tokens:
+            reason = "length"
+        st = g.stats
+        st.n_generated = g.generated
+        st.accepted += accepted
+        st.t_total = time.perf_counter() - g.t_start
+        if reason:
+            g.finished = True
+            st.finish_reason = reason
+        return StepResult(tuple(out), drafted, accepted, rows, shape, g.finished, reason, t_drafter, t_target,
+                          t_capture)
+
+    def _finish(self, g: Generation, reason: str) -> StepResult:
+        g.finished = True
+        g.stats.finish_reason = reason
+        g.stats.t_total = time.perf_counter() - g.t_start
+        return StepResult((), finished=True, finish_reason=reason)
+
+    # ------------------------------------------------------------------ driver
+
+    def run(self, prompt: Sequence[int], max_tokens: int, sp: SamplingParams,
+            draft: Optional[DraftConfig] = None) -> Iterator[StepEvent]:
+        """Yield the tokens of each step; the last event's stats are final. EOG ends the
+        generation (the EOG token itself is not emitted); so do ``max_tokens`` and a full
+        context (finish_reason "length"). Stop strings are the caller's job."""
+        if max_tokens <= 0:
+            return
+        g, r = self.prefill(prompt, max_tokens, sp, draft)
+        yield StepEvent(list(r.tokens), g.stats)
+        while not g.finished:
+            r = self.step(g)
+            yield StepEvent(list(r.tokens), g.stats)

@@ -1,0 +1,314 @@
+"""Draft-shape policies: how much to draft each cycle.
+
+- :class:`FixedPolicy`: the same chain or tree every cycle (``chain:N``, ``tree:D,K,T``).
+- :class:`CostAwarePolicy` (``auto:KMAX``, the CLI default): the chain length k in 0..KMAX
+  that maximises expected tokens per second, from the target's measured verify cost T(k) and
+  the acceptance seen so far. k = 0 is plain decoding. It never costs speed where drafting
+  cannot pay: when even an optimistic acceptance estimate does not beat plain decoding, the
+  whole generation runs plainly (no K/V capture, no drafter), and without a measured T(k) it
+  decodes plainly and asks for a measurement later (:meth:`CostAwarePolicy.needs_calibration`),
+  so the measurement never lands on a user's first request.
+
+Expected tokens of a chain of k drafts with conditional acceptance a_d at depth d (given depth
+d-1 accepted): E(k) = 1 + sum_{d<=k} prod_{j<=d} a_j. Cost: T(k+1) (one verification decode of
+root + k drafts) + k * t_row (drafter rows). Speed(k) = E(k) / cost(k); plain = 1 / T(1).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from ..target import Target
+from .types import DraftConfig, NO_DRAFT
+
+
+@dataclass(frozen=True)
+class CostAwareSettings:
+    """The cost-aware policy's knobs (defaults measured on SmolLM2 / Qwen2.5 on a 2-core CPU)."""
+
+    # Acceptance prior when the proposer records none: a weak 50 % (it is learned online).
+    default_prior: float = 0.5
+    # How many observed cycles the prior is worth: a drafter's recorded held-out acceptance is
+    # trusted like 12 cycles, the default guess like 2.
+    recorded_prior_weight: float = 12.0
+    default_prior_weight: float = 2.0
+    # Exponential forgetting of acceptance counts per cycle: adapts within a generation (code
+    # vs prose) while keeping ~50 cycles of memory.
+    decay: float = 0.98
+    # Optimism: the acceptance used for "could drafting pay?" is mean + optimism * std of the
+    # Beta posterior (upper-confidence exploration; shrinks as cycles are observed).
+    optimism: float = 1.0
+    # Drafter cost per row before one is measured, as a fraction of T(1) (the shipped SmolLM2
+    # drafter: ~0.15-0.2 T(1) on CPU).
+    row_cost_prior: float = 0.2
+    # Consecutive cycles in which not even the optimistic estimate pays that end drafting for
+    # the rest of the generation (capture and drafter commits stop too).
+    give_up_after: int = 8
+    # Drafting must beat plain decoding by this factor to be chosen (hysteresis against noise
+    # in T(k) and timing).
+    min_gain: float = 1.02
+
+
+# ---------------------------------------------------------------------------- T(k) measurement
+
+def _cache_file() -> Path:
+    from ..models import cache_dir
+    return cache_dir() / "verify_cost.json"
+
+
+def _cost_key(target: Target) -> str:
+    import llama_cpp
+    st = target.path.stat()
+    return (f"{target.path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{os.cpu_count()}|t{target.n_threads}"
+            f"|fa{int(target.flash_attn)}|ngl{getattr(target, 'n_gpu_layers', 0)}"
+            f"|repack{int(getattr(target, 'repack', True))}|llama_cpp {llama_cpp.__version__}")
+
+
+def _read_cache() -> dict:
+    try:
+        return json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def cached_verify_cost(target: Target, ks: Sequence[int] = ()) -> Optional[dict]:
+    """The cached T(k) of this target (model file, threads, build), or None if any of ``ks``
+    (default: k = 1, 2) was never measured. Never decodes."""
+    entry = _read_cache().get(_cost_key(target))
+    if not entry or not all(str(k) in entry for k in (ks or (1, 2))):
+        return None
+    return {int(k): float(v) for k, v in entry.items()}
+
+
+def measure_verify_cost(target: Target, ks=(1, 2, 3, 4, 5, 6, 7, 8, 9), reps: int = 3, prefix: int = 64,
+                        use_cache: bool = True) -> dict:
+    """Median seconds of one decode of k tokens (all with logits) after a ``prefix``-token
+    context, for each k; cached on disk per model file, size, threads, flash attention,
+    offload, repacking and llama-cpp-python version. Leaves the target's KV cache empty."""
+    if use_cache:
+        hit = cached_verify_cost(target, ks)
+        if hit is not None:
+            return hit
+    target.clear()
+    target.decode(np.full(prefix, 1, np.int32), capture=False, logits="last")
+    times: dict = {k: [] for k in ks}
+    for r in range(reps + 1):                       # round 0 warms up
+        for k in (ks if r % 2 else ks[::-1]):       # alternate the order: no drift bias
+            t0 = time.perf_counter()
+            target.decode(np.full(k, 1, np.int32), np.arange(prefix, prefix + k, dtype=np.int32), capture=True)
+            dt = time.perf_counter() - t0
+            target.rollback(prefix)
+            if r:
+                times[k].append(dt)
+    target.clear()
+    out = {k: float(np.median(v)) for k, v in times.items()}
+    if use_cache:
+        cache = _read_cache()
+        key = _cost_key(target)
+        cache[key] = {**cache.get(key, {}), **{str(k): v for k, v in out.items()}}
+        tmp = _cache_file().with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache))
+        os.replace(tmp, _cache_file())      # atomic: concurrent processes never read half a file
+    return out
+
+
+# ---------------------------------------------------------------------------- acceptance
+
+@dataclass
+class AcceptanceEstimate:
+    """Conditional acceptance per draft depth as Beta posteriors with exponential forgetting.
+
+    Depth d's estimate is ``(hits + w * prior_d) / (hits + misses + w)`` over the cycles that
+    reached depth d, where ``prior_d`` is the recorded prior for that depth if there is one,
+    else depth d-1's current estimate: a depth never drafted yet is expected to behave like the
+    one above it (so a policy drafting 2 tokens at 95 % acceptance expects a 3rd to be right
+    too, and tries it)."""
+
+    prior: Sequence[float] = (0.5,)
+    weight: float = 2.0
+    decay: float = 0.98
+    hits: list = field(default_factory=list)
+    misses: list = field(default_factory=list)
+
+    def _grow(self, depth: int) -> None:
+        while len(self.hits) < depth:
+            self.hits.append(0.0)
+            self.misses.append(0.0)
+
+    def _prior(self, d: int) -> float:
+        if d - 1 < len(self.prior):
+            return float(self.prior[d - 1])
+        return self.mean(d - 1) if d > 1 else 0.5
+
+    def mean(self, d: int) -> float:
+        self._grow(d)
+        h, m = self.hits[d - 1], self.misses[d - 1]
+        return (h + self.weight * self._prior(d)) / (h + m + self.weight)
+
+    def optimistic(self, d: int, optimism: float) -> float:
+        """mean + optimism * std of the Beta posterior, capped at 1."""
+        p = self.mean(d)
+        n = self.hits[d - 1] + self.misses[d - 1] + self.weight
+        return min(1.0, p + optimism * math.sqrt(p * (1 - p) / (n + 1)))
+
+    def update(self, proposed_depth: int, accepted: int) -> None:
+        """One chain verification: depths 1..accepted accepted, depth accepted + 1 rejected."""
+        self._grow(proposed_depth)
+        for d in range(len(self.hits)):
+            self.hits[d] *= self.decay
+            self.misses[d] *= self.decay
+        for d in range(1, min(accepted + 1, proposed_depth) + 1):
+            if d <= accepted:
+                self.hits[d - 1] += 1.0
+            else:
+                self.misses[d - 1] += 1.0
+
+
+def expected_tokens(rates: Sequence[float], k: int) -> float:
+    """E(k) = 1 + sum_{d<=k} prod_{j<=d} a_j (the bonus token always counts)."""
+    e, p = 1.0, 1.0
+    for d in range(k):
+        p *= rates[d]
+        e += p
+    return e
+
+
+def best_chain_length(verify_cost: dict, rates: Sequence[float], t_row: float, k_max: int = 8,
+                      min_gain: float = 1.0) -> tuple[int, float]:
+    """The k in 0..k_max maximising E(k) / (T(k+1) + k t_row), and its speed relative to plain
+    decoding (1.0 for k = 0). A chain is chosen only if it beats plain by ``min_gain``."""
+    plain = 1.0 / verify_cost[1]
+    best_k, best = 0, plain
+    for k in range(1, k_max + 1):
+        if k + 1 not in verify_cost:
+            break
+        speed = expected_tokens(rates, k) / (verify_cost[k + 1] + k * t_row)
+        if speed > best and speed > plain * min_gain:
+            best_k, best = k, speed
+    return best_k, best / plain
+
+
+# ---------------------------------------------------------------------------- policies
+
+class FixedPolicy:
+    """The same draft shape every cycle."""
+
+    def __init__(self, config: DraftConfig) -> None:
+        self.config = config
+
+    def begin(self, target: Target, proposer, k_cap: Callable[[], int]) -> tuple[bool, str]:
+        """Start of a generation: (draft at all?, why)."""
+        return self.config.mode != "none" and proposer is not None, f"fixed {self.config}"
+
+    def choose(self, t_row: Optional[float]) -> DraftConfig:
+        return self.config
+
+    def update(self, proposed: int, accepted: int) -> None:
+        pass
+
+    def needs_calibration(self) -> bool:
+        return False
+
+
+class CostAwarePolicy:
+    """Chain length 0..k_max per cycle from T(k) and the observed acceptance (see module doc).
+
+    The acceptance estimate persists across generations of the same loop (same drafter and
+    target); T(k) comes from the on-disk cache (:func:`measure_verify_cost`)."""
+
+    def __init__(self, k_max: int = 8, settings: CostAwareSettings = CostAwareSettings()) -> None:
+        self.k_max = k_max
+        self.s = settings
+        self.verify_cost: Optional[dict] = None
+        self.acceptance: Optional[AcceptanceEstimate] = None
+        self._calibrate = False
+        self._idle = 0
+        self._k_cap = k_max
+        self._row_cost_prior = 0.0
+
+    def _init_acceptance(self, proposer) -> None:
+        prior = getattr(proposer, "acceptance_prior", None)
+        if prior:
+            self.acceptance = AcceptanceEstimate(list(prior), self.s.recorded_prior_weight, self.s.decay)
+        else:
+            self.acceptance = AcceptanceEstimate([self.s.default_prior], self.s.default_prior_weight, self.s.decay)
+
+    def _rates(self, optimistic: bool) -> list:
+        a = self.acceptance
+        return [a.optimistic(d, self.s.optimism) if optimistic else a.mean(d) for d in range(1, self._k_cap + 1)]
+
+    def _t_row(self, measured: Optional[float]) -> float:
+        return measured if measured is not None else self._row_cost_prior
+
+    def begin(self, target: Target, proposer, k_cap: Callable[[], int]) -> tuple[bool, str]:
+        """Start of a generation: decide whether drafting could pay at all (see module doc).
+        ``k_cap()`` gives the most drafts one verification may hold (exact batch rows - 1); it is
+        only asked once T(k) is known, so a first run measures nothing."""
+        if proposer is None:
+            return False, "plain decoding: no drafter"
+        if self.acceptance is None:
+            self._init_acceptance(proposer)
+        self._idle = 0
+        if self.verify_cost is None:
+            self.verify_cost = cached_verify_cost(target, range(1, self.k_max + 2))
+        if self.verify_cost is None:
+            self._calibrate = True
+            return False, ("plain decoding: the verify cost T(k) of this target is not measured yet "
+                           "(measured once, when no request waits, and cached)")
+        self._k_cap = max(0, min(self.k_max, k_cap()))
+        if self._k_cap == 0:
+            return False, f"plain decoding: batches of more than one row are not exact on this target"
+        row_cost = getattr(proposer, "row_cost", None)
+        self._row_cost_prior = row_cost if row_cost is not None else self.s.row_cost_prior * self.verify_cost[1]
+        k, gain = best_chain_length(self.verify_cost, self._rates(True), self._row_cost_prior, self._k_cap,
+                                    self.s.min_gain)
+        t = self.verify_cost
+        if k == 0:
+            kk = min(3, self._k_cap)
+            return False, (f"plain decoding: verifying {kk + 1} tokens costs {t[kk + 1] / t[1]:.1f}x one on this "
+                           f"machine; at the drafter's expected acceptance ({self.acceptance.mean(1):.0%}) drafting "
+                           "cannot pay")
+        return True, (f"drafting (cost-aware): up to {k} drafts could give {gain:.2f}x; T({k + 1})/T(1) = "
+                      f"{t[k + 1] / t[1]:.2f}, acceptance so far {self.acceptance.mean(1):.0%}")
+
+    def choose(self, t_row: Optional[float]) -> DraftConfig:
+        """This cycle's shape; NO_DRAFT may be returned repeatedly (see :meth:`gave_up`)."""
+        tr = self._t_row(t_row)
+        k, _ = best_chain_length(self.verify_cost, self._rates(False), tr, self._k_cap, self.s.min_gain)
+        if k == 0:
+            # exploration: draft anyway while the optimistic estimate says it could pay
+            k_opt, _ = best_chain_length(self.verify_cost, self._rates(True), tr, self._k_cap, self.s.min_gain)
+            self._idle = 0 if k_opt else self._idle + 1
+            k = k_opt
+        else:
+            self._idle = 0
+        return DraftConfig("chain", chain=k) if k else NO_DRAFT
+
+    def gave_up(self) -> bool:
+        """True once drafting cannot pay even optimistically for give_up_after cycles."""
+        return self._idle >= self.s.give_up_after
+
+    def update(self, proposed: int, accepted: int) -> None:
+        if proposed:
+            self.acceptance.update(proposed, accepted)
+
+    def needs_calibration(self) -> bool:
+        return self._calibrate
+
+    def calibrate(self, target: Target) -> dict:
+        """Measure and cache T(k) for k = 1..k_max + 1 (once per model / build / threads)."""
+        self.verify_cost = measure_verify_cost(target, ks=tuple(range(1, self.k_max + 2)))
+        self._calibrate = False
+        return self.verify_cost
+
+
+def make_policy(config: DraftConfig):
+    """The policy of a draft setting: ``auto:K`` -> cost-aware, anything else fixed."""
+    return CostAwarePolicy(config.chain) if config.mode == "auto" else FixedPolicy(config)

@@ -1,0 +1,167 @@
+"""The draft-shape policies: the cost-aware default picks plain decoding on a measured cost table
+where drafting cannot pay (and then runs without capture or drafter), a chain where it can, and
+never measures T(k) during a user's first request."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moa_cpp.convert import convert
+from moa_cpp.drafter import DrafterModel
+from moa_cpp.generator import SpeculativeGenerator
+from moa_cpp.speculative import policy as pol
+from moa_cpp.speculative.loop import SpeculativeLoop
+from moa_cpp.speculative.policy import (AcceptanceEstimate, CostAwarePolicy, best_chain_length,
+                                        expected_tokens)
+from moa_cpp.speculative.types import DraftConfig, SamplingParams
+from moa_cpp.target import Target
+from moa_cpp.testing.oracle import OracleProposer
+
+# T(k) / T(1) tables measured on this project's 2-core CPU (issue 9):
+COMPUTE_BOUND = {1: 1.0, 2: 2.14, 3: 2.91, 4: 2.83, 5: 3.2, 6: 3.4, 7: 3.6, 8: 3.82, 9: 4.1}   # SmolLM2 Q8_0
+MEMORY_BOUND = {1: 1.0, 2: 1.11, 3: 1.13, 4: 1.3, 5: 1.45, 6: 1.55, 7: 1.7, 8: 1.8, 9: 1.9}    # Qwen 1.5B F16
+
+
+def test_expected_tokens():
+    assert expected_tokens([0.5, 0.5], 0) == 1.0
+    assert expected_tokens([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_best_chain_length_plain_where_drafting_cannot_pay():
+    # the shipped drafter's acceptance (~30 %) on a compute-bound table: plain decoding
+    k, gain = best_chain_length(COMPUTE_BOUND, [0.3] * 8, t_row=0.15, k_max=8)
+    assert k == 0 and gain == 1.0
+    # even a perfect drafter cannot pay for verifying on a table where T(k) = k T(1)
+    linear = {k: float(k) for k in range(1, 10)}
+    assert best_chain_length(linear, [1.0] * 8, t_row=0.0, k_max=8)[0] == 0
+
+
+def test_best_chain_length_chain_where_it_pays():
+    k, gain = best_chain_length(MEMORY_BOUND, [0.8] * 8, t_row=0.02, k_max=8)
+    assert 3 <= k <= 8 and gain > 2.0
+    # a high acceptance pays for a short chain even on the compute-bound table
+    k, gain = best_chain_length(COMPUTE_BOUND, [0.95] * 8, t_row=0.0, k_max=8)
+    assert k >= 2 and gain > 1.2
+
+
+def test_acceptance_estimate_learns_and_forgets():
+    a = AcceptanceEstimate([0.5], weight=2.0, decay=0.98)
+    for _ in range(40):
+        a.update(3, 3)             # every draft accepted
+    assert a.mean(1) > 0.9 and a.mean(3) > 0.9
+    assert a.optimistic(1, 1.0) >= a.mean(1)
+    for _ in range(40):
+        a.update(3, 0)             # first draft always rejected; deeper depths unobserved
+    assert a.mean(1) < 0.4           # ~50 cycles of memory: it has mostly moved
+
+
+class _FakeTarget:
+    n_threads, flash_attn = 2, True
+
+
+def _policy_with(table, prior, k_max=8):
+    p = CostAwarePolicy(k_max)
+    p.verify_cost = dict(table)
+    prop = type("P", (), {"acceptance_prior": prior, "row_cost": 0.0})()
+    return p, prop
+
+
+def test_cost_aware_begin_decides_before_the_first_cycle():
+    p, prop = _policy_with(COMPUTE_BOUND, [0.3])
+    drafting, why = p.begin(_FakeTarget(), prop, lambda: 62)
+    assert not drafting and why.startswith("plain decoding: verifying 4 tokens costs 2.8x one")
+    p, prop = _policy_with(MEMORY_BOUND, [0.3])
+    drafting, why = p.begin(_FakeTarget(), prop, lambda: 62)
+    assert drafting and "drafting" in why
+    assert p.choose(None).mode == "chain"
+
+
+def test_cost_aware_without_measurement_decodes_plainly_and_asks_for_calibration(monkeypatch):
+    monkeypatch.setattr(pol, "cached_verify_cost", lambda target, ks=(): None)
+    p = CostAwarePolicy(8)
+    prop = type("P", (), {"acceptance_prior": None, "row_cost": None})()
+    asked = []
+    drafting, why = p.begin(_FakeTarget(), prop, lambda: asked.append(1) or 62)
+    assert not drafting and "not measured yet" in why and p.needs_calibration()
+    assert not asked          # the exact batch size is not measured either
+
+
+def test_cost_aware_gives_up_on_a_bad_drafter():
+    p, prop = _policy_with(MEMORY_BOUND, None)
+    assert p.begin(_FakeTarget(), prop, lambda: 62)[0]
+    cycles = 0
+    while not p.gave_up():
+        cfg = p.choose(0.0)
+        p.update(cfg.chain if cfg.mode == "chain" else 0, 0)   # nothing is ever accepted
+        cycles += 1
+        assert cycles < 60, "never gave up"
+    assert p.choose(0.0).mode == "none"
+
+
+# ---------------------------------------------------------------- the loop on a real target
+
+
+@pytest.fixture(scope="module")
+def fx(fixture_dir, tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MOA_CPP_CACHE", str(tmp_path_factory.mktemp("cache")))
+    tgt_path = fixture_dir / "target-f32.gguf"
+    drafter = convert(fixture_dir / "drafter_hf", tmp_path_factory.mktemp("pol") / "d.gguf", outtype="f32",
+                      target_gguf=tgt_path, progress=False)
+    target = Target.from_path(tgt_path, n_ctx=512, n_batch=128, flash_attn=False)
+    g = dict(np.load(fixture_dir / "golden.npz"))
+    gen = SpeculativeGenerator(target, DrafterModel(drafter, tgt_path), draft="auto:6")
+    yield g, gen
+    gen.close()
+    mp.undo()
+
+
+def _run(loop, prompt, n, cfg):
+    toks, st = [], None
+    for ev in loop.run(prompt, n, SamplingParams(), cfg):
+        toks += ev.tokens
+        st = ev.stats
+    return toks, st
+
+
+def test_first_auto_generation_is_plain_then_calibrates(fx):
+    g, gen = fx
+    r = gen.generate(g["prompt_ids"].tolist(), max_tokens=16)
+    assert r.tokens == g["target_greedy"][:16].tolist()
+    assert r.stats.drafted == 0 and r.stats.target_calls == 15 and "not measured yet" in r.stats.decision
+    assert gen.needs_calibration()
+    gen.calibrate()
+    assert not gen.needs_calibration()
+    cost = pol.cached_verify_cost(gen.target, range(1, 8))
+    assert cost is not None and all(v > 0 for v in cost.values())
+
+
+def test_auto_plain_when_drafting_cannot_pay(fx):
+    """On a compute-bound cost table with a poor drafter: no drafting, no capture, no drafter."""
+    g, gen = fx
+    cfg = DraftConfig("auto", chain=6)
+    p = gen.loop.policy_for(cfg)
+    p.verify_cost = {k: v * 0.01 for k, v in COMPUTE_BOUND.items()}
+    p.acceptance = AcceptanceEstimate([0.2], 12.0)
+    calls = []
+    gen.proposer.observe = lambda *a: calls.append(a)     # instance attribute: undone below
+    try:
+        toks, st = _run(gen.loop, g["prompt_ids"].tolist(), 16, cfg)
+    finally:
+        del gen.proposer.observe
+    assert toks == g["target_greedy"][:16].tolist()
+    assert st.drafted == 0 and not calls and st.decision.startswith("plain decoding: verifying")
+
+
+def test_auto_drafts_where_it_pays(fx):
+    """A memory-bound table and a drafter that is right 95 % of the time: the policy drafts
+    chains, and the output is still the target's own."""
+    g, gen = fx
+    cfg = DraftConfig("auto", chain=6)
+    ref = g["target_greedy"].tolist()
+    prompt = g["prompt_ids"].tolist()
+    loop = SpeculativeLoop(gen.target, OracleProposer(ref, len(prompt), 0.95, gen.target.n_vocab, cfg, seed=1), cfg)
+    loop.policy_for(cfg).verify_cost = {k: v * 0.01 for k, v in MEMORY_BOUND.items()}
+    toks, st = _run(loop, prompt, 32, cfg)
+    assert toks == ref[:32]
+    assert st.drafted > 20 and st.tau > 2.0 and max(st.auto_choices) >= 3
