@@ -128,7 +128,11 @@ class DrafterModel:
 
 
 class DrafterState:
-    """One sequence's drafter caches (SA context + draft rows, CA cache). Not thread-safe."""
+    """One sequence's drafter caches (SA context + draft rows, CA cache).
+
+    Not thread-safe: use one state from one thread at a time. Different states of one
+    ``DrafterModel`` may run on different threads concurrently (native calls release the GIL).
+    """
 
     def __init__(self, model: DrafterModel, *, n_ctx: int = 4096, n_draft_max: int = 128, n_batch: int = 512) -> None:
         p = ffi.new("struct moa_state_params *")
@@ -206,8 +210,12 @@ class DrafterState:
             if hidden.dtype != np.float32 or hidden.shape != (n, self.model.n_embd) or not hidden.flags.c_contiguous:
                 raise InvalidArgumentError(f"hidden must be a C-contiguous float32 array of shape [{n}, {self.model.n_embd}]")
             hid = _ptr(hidden, "float *")
-        check(lib.moa_state_draft(self._ptr, fd.size, _ptr(fd, "int32_t *"), n, _ptr(tok, "int32_t *"),
-                                  _ptr(pos, "int32_t *"), _ptr(par, "int32_t *"), _ptr(logits, "float *"), hid))
+        args = (n, _ptr(tok, "int32_t *"), _ptr(pos, "int32_t *"), _ptr(par, "int32_t *"), _ptr(logits, "float *"), hid)
+        if fd.size:
+            # Feed + rows as one native call: one graph, and nothing changes if any argument is bad.
+            check(lib.moa_state_draft(self._ptr, fd.size, _ptr(fd, "int32_t *"), *args))
+        else:
+            check(lib.moa_state_draft_rows(self._ptr, *args))
         return logits
 
     def feed(self, tokens: Sequence[int]) -> None:
@@ -215,8 +223,7 @@ class DrafterState:
         fd = _i32(tokens, "tokens")
         for off in range(0, fd.size, self.n_batch):
             chunk = np.ascontiguousarray(fd[off: off + self.n_batch])
-            check(lib.moa_state_draft(self._ptr, chunk.size, _ptr(chunk, "int32_t *"), 0, ffi.NULL, ffi.NULL,
-                                      ffi.NULL, ffi.NULL, ffi.NULL))
+            check(lib.moa_state_feed(self._ptr, chunk.size, _ptr(chunk, "int32_t *")))
 
     def clear_drafts(self) -> None:
         """Drop this cycle's draft rows."""

@@ -4,10 +4,18 @@
  * Objects:
  *   moa_model   immutable drafter weights + the target tensors it borrows (token_embd,
  *               LM head, TLI layers). Read-only after load: any number of states may use it.
- *   moa_state   one sequence: SA cache, CA cache, graph scratch. Not thread-safe: one
- *               thread at a time per state.
+ *   moa_state   one sequence: SA cache, CA cache, graph scratch, and its own ggml backend
+ *               instances and scheduler.
  *   moa_capture collects the target's post-RoPE K and V of every layer during llama_decode,
  *               through llama.cpp's eval callback (cb_eval). One per target context.
+ *
+ * Threads: a moa_model is shared read-only; its getters and moa_state_init may be called from
+ * any thread at any time, and states of one model may compute concurrently on different
+ * threads (nothing a computation writes is shared between states). A moa_state is used by
+ * one thread at a time (callers serialise calls on the same state); the same holds for a
+ * moa_capture. moa_model_free must not overlap any use of the model or of its states, and
+ * every state of a model must be freed before the model. moa_log_set is process-wide: set it
+ * before other threads use the library.
  *
  * Errors: fallible functions return an int32_t status (enum moa_status, 0 = OK, negative =
  * error); constructors return NULL. The reason is in moa_last_error() (thread-local).
@@ -35,7 +43,7 @@ extern "C" {
 #  endif
 #endif
 
-#define MOA_ABI_VERSION 1
+#define MOA_ABI_VERSION 2  /* 2: moa_state_feed, moa_state_draft_rows */
 
 enum moa_status {
     MOA_OK                    =  0,
@@ -130,18 +138,37 @@ MOA_API void        moa_state_free(moa_state * state);
 MOA_API int32_t     moa_state_commit(moa_state * state, const float * lsa_in, int32_t n_tokens, moa_pos pos0,
                                      float * lsa_out, float * lsa_mean, float * ekv);
 
-/* One drafting call. First appends n_feed tokens to the SA context at positions
- * moa_state_n_sa .. +n_feed-1 (K/V only: prompt tokens, accepted drafts), which requires that
- * no draft rows are pending. Then runs n_draft draft rows: token tokens[i] at position pos[i],
- * SA over the context + its ancestors + itself, CA over all CA entries, LM head.
+/* Feeding and drafting. Feed tokens are tokens whose SA output is not needed (prompt tokens,
+ * accepted drafts): they only get SA K/V, appended to the SA context. Draft rows get logits.
+ * A failed call leaves the state as it was (the counters advance only after the graph ran). */
+
+/* Append n_feed tokens to the SA context at positions moa_state_n_sa .. +n_feed-1 (K/V only).
+ * Requires that no draft rows are pending. At most n_batch + n_draft_max tokens per call.
+ * n_feed == 0 is a no-op. */
+MOA_API int32_t     moa_state_feed(moa_state * state, int32_t n_feed, const moa_token * feed_tokens);
+
+/* Run n_draft draft rows: token tokens[i] at position pos[i], SA over the context + its
+ * ancestors + itself, CA over all CA entries, LM head.
  * parents[i] is the index of the row's parent among this cycle's draft rows (0 = first draft
  * row of the cycle, counted across calls), or -1 if the row attaches directly to the
  * context. A parent must come from an earlier call or an earlier row of this call.
  * With TLI N > 0 the CA output then runs through the target's last N layers (attending to
  * the target's K/V of verified tokens plus the rows on the path) and output_norm.
- * logits: [n_draft][moa_model_n_vocab] (may be NULL when n_draft == 0).
+ * logits: [n_draft][moa_model_n_vocab].
  * hidden: optional [n_draft][n_embd] output, the CA output z of each row (the state the
- * drafter was trained to regress; at TLI 0 the LM head input). */
+ * drafter was trained to regress; at TLI 0 the LM head input). n_draft must be > 0
+ * (0: MOA_ERR_INVALID_ARGUMENT "nothing to do", as for moa_state_draft). */
+MOA_API int32_t     moa_state_draft_rows(moa_state * state, int32_t n_draft, const moa_token * tokens,
+                                         const moa_pos * pos, const int32_t * parents, float * logits,
+                                         float * hidden);
+
+/* moa_state_feed(n_feed, feed_tokens) then moa_state_draft_rows(n_draft, ...) as one graph:
+ * one scheduler pass instead of two (the usual cycle: feed the tokens verified since the last
+ * cycle, draft the root), and all arguments are validated before either part runs. Either
+ * count may be 0, not both (MOA_ERR_INVALID_ARGUMENT "nothing to do"); at most
+ * n_batch + n_draft_max rows in all. logits may be NULL when n_draft == 0.
+ * The feed tokens' and draft rows' SA K/V are computed in one batch, so results may differ from
+ * the two separate calls by float rounding (ggml kernels may depend on the batch size). */
 MOA_API int32_t     moa_state_draft(moa_state * state,
                                     int32_t n_feed, const moa_token * feed_tokens,
                                     int32_t n_draft, const moa_token * tokens, const moa_pos * pos,

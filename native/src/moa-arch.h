@@ -1,5 +1,5 @@
-// The C++ table of MoA GGUF names (twin of moa_cpp/gguf_names.py; tests/test_names.py
-// checks that both agree through moa_arch_tensor_names()).
+// The C++ table of MoA GGUF names (twin of moa_cpp/gguf_names.py; tests/test_native_api.py
+// checks that both agree through moa_arch_n_tensors() / moa_arch_tensor_name()).
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,8 @@
 // Target K/V capture: an eval callback (cb_eval) that copies the target's post-RoPE K and its
 // V of every layer out of the llama.cpp graph while llama_decode runs.
 //
-// ref: spec/llama-cpp-integration.md §4.3 (node names, scheduler protocol), §4.5 option (b);
-//      spec/moa-architecture.md §3.3 (LSA row layout), §18.1 (K permutation).
+// ref: ../shared/spec/llama-cpp-integration.md §4.3 (node names, scheduler protocol), §4.5 option (b);
+//      ../shared/spec/moa-architecture.md §3.3 (LSA row layout), §18.1 (K permutation).
 //
 // Protocol of ggml_backend_sched (ggml-backend.cpp, sched compute loop): for each split, every
 // node is first offered with ask = true; on true, the graph is computed up to that node, the

@@ -2,6 +2,9 @@
 //
 // Every check on user input (file, architecture, metadata, tensor types/shapes, data range,
 // drafter/target agreement) happens here, before any ggml call that could assert.
+// moa_model_load_impl runs four steps, each a section below: read the drafter's
+// hyper-parameters, validate them and the drafter's tensors, match them against the target
+// (GGUF or bundled tensors; TLI layers), load the tensors.
 #include "moa-model.h"
 
 #include "moa-arch.h"
@@ -225,14 +228,9 @@ void moa_backend_set_threads(ggml_backend_t backend, int32_t n_threads) {
 moa_model::~moa_model() {
     for (auto b : bufs) ggml_backend_buffer_free(b);
     for (auto c : ctxs) ggml_free(c);
-    if (backend_cpu && backend_cpu != backend) ggml_backend_free(backend_cpu);
-    if (backend) ggml_backend_free(backend);
     for (auto & m : mmaps) munmap(m.first, m.second);
 }
 
-// Copy tensors (by name) from a GGUF file into freshly allocated backend tensors.
-// On a CPU device with use_mmap, tensors are views into a read-only mapping instead
-// (no second copy of e.g. a 262K-row embedding).
 // (name, slot) pairs of one decoder layer's tensors under ``prefix``, in moa_arch::LAYER_SUFFIXES
 // order: shared by the drafter's SA/CA/LSA and the target layers reused at TLI N > 0.
 static void add_layer_tensors(std::vector<std::pair<std::string, ggml_tensor **>> & out, const std::string & prefix,
@@ -263,49 +261,34 @@ static void unpermute_rows(std::vector<uint8_t> & data, const ggml_tensor * t, i
     data.swap(out);
 }
 
-static void load_tensors(moa_model & m, const gguf_file & f, const std::vector<std::pair<std::string, ggml_tensor **>> & list,
-                         const std::string & name_prefix, bool use_mmap, int64_t unpermute_head_dim = 0) {
-    if (list.empty()) return;
-    ggml_init_params ip = {ggml_tensor_overhead() * (list.size() + 1), nullptr, true};
-    ggml_context * ctx = ggml_init(ip);
-    if (!ctx) moa_throw(MOA_ERR_OUT_OF_MEMORY, "ggml_init failed");
-    m.ctxs.push_back(ctx);
-    std::vector<std::pair<ggml_tensor *, std::string>> made;
-    for (auto & [name, slot] : list) {
-        ggml_tensor * src = f.tensor(name);
-        ggml_tensor * t = ggml_dup_tensor(ctx, src);
-        ggml_set_name(t, (name_prefix + name).c_str());
-        *slot = t;
-        made.emplace_back(t, name);
-    }
+using made_tensors = std::vector<std::pair<ggml_tensor *, std::string>>;  // (tensor, name in the file)
 
-    ggml_backend_dev_props props;
-    ggml_backend_dev_get_props(m.dev, &props);
-    const bool can_map = use_mmap && ggml_backend_dev_type(m.dev) == GGML_BACKEND_DEVICE_TYPE_CPU &&
-                         props.caps.buffer_from_host_ptr;
-    if (can_map) {
-        mapped_file mf = map_file(f.path, f.file_size);
-        m.mmaps.emplace_back(mf.addr, mf.size);
-        size_t lo = SIZE_MAX, hi = 0, max_t = 0;
-        for (auto & [t, name] : made) {
-            const size_t off = f.offset_of(name);
-            lo = std::min(lo, off);
-            hi = std::max(hi, off + ggml_nbytes(t));
-            max_t = std::max(max_t, ggml_nbytes(t));
-        }
-        ggml_backend_buffer_t buf = ggml_backend_dev_buffer_from_host_ptr(m.dev, (char *) mf.addr + lo, hi - lo, max_t);
-        if (!buf) moa_throw(MOA_ERR_BACKEND, "cannot wrap the mapping of '%s' in a backend buffer", f.path.c_str());
-        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        m.bufs.push_back(buf);
-        for (auto & [t, name] : made) {
-            if (ggml_backend_tensor_alloc(buf, t, (char *) mf.addr + f.offset_of(name)) != GGML_STATUS_SUCCESS) {
-                moa_throw(MOA_ERR_BACKEND, "cannot place tensor '%s' in the mapped buffer", name.c_str());
-            }
-        }
-        return;
+// Place tensors as views into a read-only mapping of the file.
+static void map_tensors(moa_model & m, const gguf_file & f, const made_tensors & made) {
+    mapped_file mf = map_file(f.path, f.file_size);
+    m.mmaps.emplace_back(mf.addr, mf.size);
+    size_t lo = SIZE_MAX, hi = 0, max_t = 0;
+    for (auto & [t, name] : made) {
+        const size_t off = f.offset_of(name);
+        lo = std::min(lo, off);
+        hi = std::max(hi, off + ggml_nbytes(t));
+        max_t = std::max(max_t, ggml_nbytes(t));
     }
+    ggml_backend_buffer_t buf = ggml_backend_dev_buffer_from_host_ptr(m.dev, (char *) mf.addr + lo, hi - lo, max_t);
+    if (!buf) moa_throw(MOA_ERR_BACKEND, "cannot wrap the mapping of '%s' in a backend buffer", f.path.c_str());
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    m.bufs.push_back(buf);
+    for (auto & [t, name] : made) {
+        if (ggml_backend_tensor_alloc(buf, t, (char *) mf.addr + f.offset_of(name)) != GGML_STATUS_SUCCESS) {
+            moa_throw(MOA_ERR_BACKEND, "cannot place tensor '%s' in the mapped buffer", name.c_str());
+        }
+    }
+}
 
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, m.backend);
+// Allocate ctx's tensors in a buffer of the model's device and copy their data from the file.
+static void copy_tensors(moa_model & m, const gguf_file & f, ggml_context * ctx, const made_tensors & made,
+                         const std::string & name_prefix, int64_t unpermute_head_dim) {
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_dev_buffer_type(m.dev));
     if (!buf) moa_throw(MOA_ERR_OUT_OF_MEMORY, "cannot allocate %s weights on device %s", name_prefix.c_str(), m.device_name.c_str());
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     m.bufs.push_back(buf);
@@ -320,24 +303,67 @@ static void load_tensors(moa_model & m, const gguf_file & f, const std::vector<s
     }
 }
 
-moa_model * moa_model_load_impl(const char * drafter_path, const char * target_path, const moa_model_params & params) {
-    if (!drafter_path) moa_throw(MOA_ERR_INVALID_ARGUMENT, "drafter path is NULL");
-    gguf_file df(drafter_path, "drafter");
+// Load tensors (by name) from a GGUF file into the model: on a CPU device with use_mmap as views
+// into a read-only mapping (no second copy of e.g. a 262K-row embedding), else copied.
+// unpermute_head_dim > 0: rewrite attn_q / attn_k rows to HF order (see unpermute_rows).
+static void load_tensors(moa_model & m, const gguf_file & f, const std::vector<std::pair<std::string, ggml_tensor **>> & list,
+                         const std::string & name_prefix, bool use_mmap, int64_t unpermute_head_dim = 0) {
+    if (list.empty()) return;
+    ggml_init_params ip = {ggml_tensor_overhead() * (list.size() + 1), nullptr, true};
+    ggml_context * ctx = ggml_init(ip);
+    if (!ctx) moa_throw(MOA_ERR_OUT_OF_MEMORY, "ggml_init failed");
+    m.ctxs.push_back(ctx);
+    made_tensors made;
+    for (auto & [name, slot] : list) {
+        ggml_tensor * t = ggml_dup_tensor(ctx, f.tensor(name));
+        ggml_set_name(t, (name_prefix + name).c_str());
+        *slot = t;
+        made.emplace_back(t, name);
+    }
+    ggml_backend_dev_props props;
+    ggml_backend_dev_get_props(m.dev, &props);
+    if (use_mmap && ggml_backend_dev_type(m.dev) == GGML_BACKEND_DEVICE_TYPE_CPU && props.caps.buffer_from_host_ptr) {
+        map_tensors(m, f, made);
+    } else {
+        copy_tensors(m, f, ctx, made, name_prefix, unpermute_head_dim);
+    }
+}
 
+namespace {
+
+namespace K = moa_arch::key;
+using tensor_list = std::vector<std::pair<std::string, ggml_tensor **>>;
+
+// Throw `code` with every collected problem in one message: whoever fixes a file sees all of
+// them at once instead of one per attempt.
+void report_problems(int32_t code, const std::string & header, const std::vector<std::string> & problems) {
+    if (problems.empty()) return;
+    std::string msg = header;
+    for (auto & p : problems) msg += "\n  - " + p;
+    moa_throw(code, "%s", msg.c_str());
+}
+
+// ---------------------------------------------------------------- read
+
+// Identity first, and fatal at once: on a foreign file every later check would only add a
+// list of meaningless missing keys.
+void check_drafter_identity(const gguf_file & df) {
     const std::string arch = df.str("general.architecture", "");
     if (arch != moa_arch::ARCH) {
         moa_throw(MOA_ERR_FORMAT, "'%s' has general.architecture '%s', expected an MoA drafter ('%s'); "
-                  "convert a checkpoint with `moa-cpp convert`", drafter_path, arch.c_str(), moa_arch::ARCH);
+                  "convert a checkpoint with `moa-cpp convert`", df.path.c_str(), arch.c_str(), moa_arch::ARCH);
     }
-    const int64_t fmt = df.integer(moa_arch::key::FORMAT_VERSION, 1);
+    const int64_t fmt = df.integer(K::FORMAT_VERSION, 1);
     if (fmt != (int64_t) moa_arch::FORMAT_VERSION) {
-        moa_throw(MOA_ERR_FORMAT, "'%s': drafter format version %lld is not supported (expected %u)", drafter_path,
+        moa_throw(MOA_ERR_FORMAT, "'%s': drafter format version %lld is not supported (expected %u)", df.path.c_str(),
                   (long long) fmt, moa_arch::FORMAT_VERSION);
     }
+}
 
-    auto m = std::make_unique<moa_model>();
-    moa_hparams & hp = m->hp;
-    namespace K = moa_arch::key;
+// The drafter's metadata. A missing required key throws here; values are checked by
+// validate_drafter. n_target_layers may stay 0 (then the target GGUF supplies it).
+moa_hparams read_drafter_hparams(const gguf_file & df, const moa_model_params & params) {
+    moa_hparams hp;
     hp.n_embd   = (int32_t) df.integer(K::EMBEDDING_LENGTH);
     hp.n_head   = (int32_t) df.integer(K::HEAD_COUNT);
     hp.head_dim = (int32_t) df.integer(K::KEY_LENGTH);
@@ -357,7 +383,12 @@ moa_model * moa_model_load_impl(const char * drafter_path, const char * target_p
     hp.rope_base    = (float) df.real(K::ROPE_FREQ_BASE);
     hp.n_vocab_target = (int32_t) df.integer(K::VOCAB_SIZE);
     hp.tli          = params.tli >= 0 ? params.tli : (int32_t) df.integer(K::TLI, 0);
+    return hp;
+}
 
+// ---------------------------------------------------------------- validate
+
+std::vector<std::string> nonpositive_sizes(const moa_hparams & hp) {
     std::vector<std::string> problems;
     auto positive = [&](const char * what, int64_t v) {
         if (v <= 0) problems.push_back(std::string(what) + " must be > 0");
@@ -370,7 +401,11 @@ moa_model * moa_model_load_impl(const char * drafter_path, const char * target_p
     positive(K::LSA_KEY_LENGTH, hp.lsa_head_dim); positive(K::LSA_FFN, hp.lsa_n_ff);
     positive(K::TARGET_HEAD_KV, hp.target_n_kv); positive(K::TARGET_KEY_LENGTH, hp.target_head_dim);
     positive(K::VOCAB_SIZE, hp.n_vocab_target);
-    if (!problems.empty()) goto report;
+    return problems;
+}
+
+// Relations between sizes, and the layouts / RoPE variants the graphs implement.
+void check_hparam_consistency(const gguf_file & df, const moa_hparams & hp, std::vector<std::string> & problems) {
     if (hp.n_head % hp.sa_n_kv || hp.n_head % hp.ca_n_kv) problems.push_back("SA/CA query heads must be a multiple of their KV heads");
     if (hp.lsa_n_head % hp.lsa_n_kv) problems.push_back("LSA query heads must be a multiple of its KV heads");
     if (hp.head_dim % 2 || hp.lsa_head_dim % 2) problems.push_back("head dims must be even (RoPE)");
@@ -378,238 +413,293 @@ moa_model * moa_model_load_impl(const char * drafter_path, const char * target_p
         problems.push_back("moa.lsa.embedding_length must equal 2 * moa.target.head_count_kv * moa.target.key_length");
     }
     if (hp.tli < 0) problems.push_back("target layer inference N must be >= 0");
-    {
-        const std::string layout = df.str(K::ROPE_QK_LAYOUT, "neox");
-        if (layout != "neox") problems.push_back("moa.rope.qk_layout '" + layout + "' is not supported (expected 'neox')");
-        const std::string in_layout = df.str(K::LSA_INPUT_LAYOUT, "hf");
-        if (in_layout != "hf") problems.push_back("moa.lsa.input_layout '" + in_layout + "' is not supported (expected 'hf')");
-        const std::string scaling = df.str(K::SA_ROPE_SCALING, "none");
-        if (scaling != "none") problems.push_back("RoPE scaling '" + scaling + "' is not supported yet");
-    }
-    {
-        const int64_t d = hp.n_embd, hd = (int64_t) hp.n_head * hp.head_dim, W = hp.lsa_width;
-        struct mod { const char * name; int64_t width, q, kv, ff; };
-        const mod mods[] = {
-            {"sa", d, hd, (int64_t) hp.sa_n_kv * hp.head_dim, hp.sa_n_ff},
-            {"ca", d, hd, (int64_t) hp.ca_n_kv * hp.head_dim, hp.ca_n_ff},
-            {"lsa", W, (int64_t) hp.lsa_n_head * hp.lsa_head_dim, (int64_t) hp.lsa_n_kv * hp.lsa_head_dim, hp.lsa_n_ff},
-        };
-        for (const mod & md : mods) {
-            const std::string p = std::string(md.name) + ".";
-            expect_shape(df, p + "attn_norm.weight", md.width, 1, true, problems);
-            expect_shape(df, p + "attn_q.weight", md.width, md.q, false, problems);
-            expect_shape(df, p + "attn_k.weight", md.width, md.kv, false, problems);
-            expect_shape(df, p + "attn_v.weight", md.width, md.kv, false, problems);
-            expect_shape(df, p + "attn_output.weight", md.q, md.width, false, problems);
-            expect_shape(df, p + "ffn_norm.weight", md.width, 1, true, problems);
-            expect_shape(df, p + "ffn_gate.weight", md.width, md.ff, false, problems);
-            expect_shape(df, p + "ffn_up.weight", md.width, md.ff, false, problems);
-            expect_shape(df, p + "ffn_down.weight", md.ff, md.width, false, problems);
-        }
-        expect_shape(df, moa_arch::EKV2E_WEIGHT, W, d, false, problems);
-        expect_shape(df, moa_arch::EKV2E_BIAS, d, 1, true, problems);
-    }
-    // Optional reduced draft vocabulary: own head + draft->target id map.
-    if (df.tensor(moa_arch::DRAFT_OUTPUT) || df.tensor(moa_arch::D2T)) {
-        const ggml_tensor * head = df.tensor(moa_arch::DRAFT_OUTPUT);
-        const ggml_tensor * map = df.tensor(moa_arch::D2T);
-        if (!head || !map) {
-            problems.push_back("a reduced draft vocabulary needs both 'draft_output.weight' and 'd2t'");
-        } else if (map->type != GGML_TYPE_I32 || ggml_n_dims(map) != 1 || head->ne[1] != map->ne[0]) {
-            problems.push_back("'d2t' must be an I32 vector with one entry per draft_output.weight row");
-        } else {
-            expect_shape(df, moa_arch::DRAFT_OUTPUT, hp.n_embd, head->ne[1], false, problems);
-        }
-    }
-report:
-    if (!problems.empty()) {
-        std::string msg = std::string("invalid MoA drafter '") + drafter_path + "':";
-        for (auto & p : problems) msg += "\n  - " + p;
-        moa_throw(MOA_ERR_FORMAT, "%s", msg.c_str());
-    }
+    const std::string layout = df.str(K::ROPE_QK_LAYOUT, "neox");
+    if (layout != "neox") problems.push_back("moa.rope.qk_layout '" + layout + "' is not supported (expected 'neox')");
+    const std::string in_layout = df.str(K::LSA_INPUT_LAYOUT, "hf");
+    if (in_layout != "hf") problems.push_back("moa.lsa.input_layout '" + in_layout + "' is not supported (expected 'hf')");
+    const std::string scaling = df.str(K::SA_ROPE_SCALING, "none");
+    if (scaling != "none") problems.push_back("RoPE scaling '" + scaling + "' is not supported yet");
+}
 
-    // Target side: token embedding and LM head (tied when output.weight is absent).
+// The 29 trainable tensors: present, of the shape the hyper-parameters imply, of a usable type.
+void check_drafter_shapes(const gguf_file & df, const moa_hparams & hp, std::vector<std::string> & problems) {
+    const int64_t d = hp.n_embd, hd = (int64_t) hp.n_head * hp.head_dim, W = hp.lsa_width;
+    struct mod { const char * name; int64_t width, q, kv, ff; };
+    const mod mods[] = {
+        {"sa", d, hd, (int64_t) hp.sa_n_kv * hp.head_dim, hp.sa_n_ff},
+        {"ca", d, hd, (int64_t) hp.ca_n_kv * hp.head_dim, hp.ca_n_ff},
+        {"lsa", W, (int64_t) hp.lsa_n_head * hp.lsa_head_dim, (int64_t) hp.lsa_n_kv * hp.lsa_head_dim, hp.lsa_n_ff},
+    };
+    for (const mod & md : mods) {
+        const std::string p = std::string(md.name) + ".";
+        expect_shape(df, p + "attn_norm.weight", md.width, 1, true, problems);
+        expect_shape(df, p + "attn_q.weight", md.width, md.q, false, problems);
+        expect_shape(df, p + "attn_k.weight", md.width, md.kv, false, problems);
+        expect_shape(df, p + "attn_v.weight", md.width, md.kv, false, problems);
+        expect_shape(df, p + "attn_output.weight", md.q, md.width, false, problems);
+        expect_shape(df, p + "ffn_norm.weight", md.width, 1, true, problems);
+        expect_shape(df, p + "ffn_gate.weight", md.width, md.ff, false, problems);
+        expect_shape(df, p + "ffn_up.weight", md.width, md.ff, false, problems);
+        expect_shape(df, p + "ffn_down.weight", md.ff, md.width, false, problems);
+    }
+    expect_shape(df, moa_arch::EKV2E_WEIGHT, W, d, false, problems);
+    expect_shape(df, moa_arch::EKV2E_BIAS, d, 1, true, problems);
+}
+
+// Optional reduced draft vocabulary: its own head + the draft->target id map, both or neither.
+// (The map's values are checked once read, in load_drafter_weights.)
+void check_reduced_vocab(const gguf_file & df, const moa_hparams & hp, std::vector<std::string> & problems) {
+    const ggml_tensor * head = df.tensor(moa_arch::DRAFT_OUTPUT);
+    const ggml_tensor * map = df.tensor(moa_arch::D2T);
+    if (!head && !map) return;
+    if (!head || !map) {
+        problems.push_back("a reduced draft vocabulary needs both 'draft_output.weight' and 'd2t'");
+    } else if (map->type != GGML_TYPE_I32 || ggml_n_dims(map) != 1 || head->ne[1] != map->ne[0]) {
+        problems.push_back("'d2t' must be an I32 vector with one entry per draft_output.weight row");
+    } else {
+        expect_shape(df, moa_arch::DRAFT_OUTPUT, hp.n_embd, head->ne[1], false, problems);
+    }
+}
+
+void validate_drafter(const gguf_file & df, const moa_hparams & hp) {
+    std::vector<std::string> problems = nonpositive_sizes(hp);
+    // The other checks divide by these sizes and derive shapes from them: with a zero size they
+    // would only bury the real problem under consequential ones.
+    if (problems.empty()) {
+        check_hparam_consistency(df, hp, problems);
+        check_drafter_shapes(df, hp, problems);
+        check_reduced_vocab(df, hp, problems);
+    }
+    report_problems(MOA_ERR_FORMAT, "invalid MoA drafter '" + df.path + "':", problems);
+}
+
+// ---------------------------------------------------------------- match target
+
+// Where the tensors the drafter borrows (token embedding, LM head, TLI layers) come from: the
+// target GGUF, or the drafter file itself when it bundles them under "target.".
+struct target_source {
+    std::unique_ptr<gguf_file> owned;  // the target GGUF, when one is given
+    const gguf_file * file = nullptr;
+    std::string prefix;                // of the borrowed tensors' names inside `file`
+    std::string embd = "token_embd.weight";
+    std::string out = "output.weight"; // == embd when the LM head is tied
+};
+
+// What the drafter was built for vs. what the target GGUF says. Adopts the target's layer count
+// when the drafter records none.
+std::vector<std::string> target_mismatches(const gguf_file & tf, const std::string & tarch, moa_hparams & hp) {
+    std::vector<std::string> mism;
+    auto tkey = [&](const char * suffix) { return tarch + "." + suffix; };
+    const int64_t t_layers = tf.integer(tkey("block_count").c_str());
+    const int64_t t_embd_n = tf.integer(tkey("embedding_length").c_str());
+    const int64_t t_head   = tf.integer(tkey("attention.head_count").c_str());
+    const int64_t t_kv     = tf.integer(tkey("attention.head_count_kv").c_str(), t_head);
+    const int64_t t_hd     = tf.integer(tkey("attention.key_length").c_str(), t_head > 0 ? t_embd_n / t_head : 0);
+    char buf[256];
+    if (hp.n_target_layers == 0) {
+        hp.n_target_layers = (int32_t) t_layers;
+    } else if (hp.n_target_layers != t_layers) {
+        snprintf(buf, sizeof(buf), "layer count: drafter expects %d target layers, target has %lld", hp.n_target_layers, (long long) t_layers);
+        mism.push_back(buf);
+    }
+    if (t_embd_n != hp.n_embd) {
+        snprintf(buf, sizeof(buf), "width: drafter n_embd %d, target n_embd %lld", hp.n_embd, (long long) t_embd_n);
+        mism.push_back(buf);
+    }
+    if (t_kv != hp.target_n_kv) {
+        snprintf(buf, sizeof(buf), "KV heads: drafter expects %d, target has %lld", hp.target_n_kv, (long long) t_kv);
+        mism.push_back(buf);
+    }
+    if (t_hd != hp.target_head_dim) {
+        snprintf(buf, sizeof(buf), "head dim: drafter expects %d, target has %lld", hp.target_head_dim, (long long) t_hd);
+        mism.push_back(buf);
+    }
+    const ggml_tensor * te = tf.tensor("token_embd.weight");
+    if (!te) {
+        mism.push_back("target has no 'token_embd.weight'");
+    } else if (te->ne[1] != hp.n_vocab_target) {
+        snprintf(buf, sizeof(buf), "vocabulary: drafter %d tokens, target %lld", hp.n_vocab_target, (long long) te->ne[1]);
+        mism.push_back(buf);
+    }
+    return mism;
+}
+
+void match_target_gguf(const gguf_file & df, const gguf_file & tf, moa_hparams & hp) {
+    const std::string tarch = tf.str("general.architecture", "");
+    if (tarch.empty() || tarch == moa_arch::ARCH) {
+        moa_throw(MOA_ERR_FORMAT, "'%s' is not a target model GGUF (general.architecture '%s')", tf.path.c_str(), tarch.c_str());
+    }
+    report_problems(MOA_ERR_MISMATCH, "drafter '" + df.path + "' does not match target '" + tf.path + "':",
+                    target_mismatches(tf, tarch, hp));
+    // Gemma-style targets feed sqrt(n_embd) * embedding to layer 0; the SA was trained on the
+    // target's layer-0 input.
+    const bool gemma = tarch.rfind("gemma", 0) == 0;
+    hp.embd_scale = (float) df.real(K::EMBEDDING_SCALE, gemma ? std::sqrt((double) hp.n_embd) : 1.0);
+}
+
+target_source open_target(const gguf_file & df, const char * target_path, moa_hparams & hp) {
+    target_source src;
     const std::string tp = moa_arch::TARGET_PREFIX;
-    const bool bundled = df.tensor(tp + "token_embd.weight") != nullptr;
-    std::unique_ptr<gguf_file> tf;
-    std::string t_embd = "token_embd.weight", t_out = "output.weight";
-    const gguf_file * src = nullptr;
     if (target_path) {
-        tf = std::make_unique<gguf_file>(target_path, "target");
-        src = tf.get();
-        const std::string tarch = tf->str("general.architecture", "");
-        if (tarch.empty() || tarch == moa_arch::ARCH) {
-            moa_throw(MOA_ERR_FORMAT, "'%s' is not a target model GGUF (general.architecture '%s')", target_path, tarch.c_str());
-        }
-        std::vector<std::string> mism;
-        auto tkey = [&](const char * suffix) { return tarch + "." + suffix; };
-        const int64_t t_layers = tf->integer(tkey("block_count").c_str());
-        const int64_t t_embd_n = tf->integer(tkey("embedding_length").c_str());
-        const int64_t t_head   = tf->integer(tkey("attention.head_count").c_str());
-        const int64_t t_kv     = tf->integer(tkey("attention.head_count_kv").c_str(), t_head);
-        const int64_t t_hd     = tf->integer(tkey("attention.key_length").c_str(), t_head > 0 ? t_embd_n / t_head : 0);
-        char buf[256];
-        if (hp.n_target_layers == 0) {
-            hp.n_target_layers = (int32_t) t_layers;
-        } else if (hp.n_target_layers != t_layers) {
-            snprintf(buf, sizeof(buf), "layer count: drafter expects %d target layers, target has %lld", hp.n_target_layers, (long long) t_layers);
-            mism.push_back(buf);
-        }
-        if (t_embd_n != hp.n_embd) {
-            snprintf(buf, sizeof(buf), "width: drafter n_embd %d, target n_embd %lld", hp.n_embd, (long long) t_embd_n);
-            mism.push_back(buf);
-        }
-        if (t_kv != hp.target_n_kv) {
-            snprintf(buf, sizeof(buf), "KV heads: drafter expects %d, target has %lld", hp.target_n_kv, (long long) t_kv);
-            mism.push_back(buf);
-        }
-        if (t_hd != hp.target_head_dim) {
-            snprintf(buf, sizeof(buf), "head dim: drafter expects %d, target has %lld", hp.target_head_dim, (long long) t_hd);
-            mism.push_back(buf);
-        }
-        const ggml_tensor * te = tf->tensor(t_embd);
-        if (!te) {
-            mism.push_back("target has no 'token_embd.weight'");
-        } else if (te->ne[1] != hp.n_vocab_target) {
-            snprintf(buf, sizeof(buf), "vocabulary: drafter %d tokens, target %lld", hp.n_vocab_target, (long long) te->ne[1]);
-            mism.push_back(buf);
-        }
-        if (!mism.empty()) {
-            std::string msg = std::string("drafter '") + drafter_path + "' does not match target '" + target_path + "':";
-            for (auto & p : mism) msg += "\n  - " + p;
-            moa_throw(MOA_ERR_MISMATCH, "%s", msg.c_str());
-        }
-        // Gemma-style targets feed sqrt(n_embd) * embedding to layer 0; the SA was trained on
-        // the target's layer-0 input.
-        const bool gemma = tarch.rfind("gemma", 0) == 0;
-        hp.embd_scale = (float) df.real(K::EMBEDDING_SCALE, gemma ? std::sqrt((double) hp.n_embd) : 1.0);
-        if (!tf->tensor(t_out)) t_out = t_embd;  // tied
-    } else if (bundled) {
-        src = &df;
-        t_embd = tp + "token_embd.weight";
-        t_out = df.tensor(tp + "output.weight") ? tp + "output.weight" : t_embd;
+        src.owned = std::make_unique<gguf_file>(target_path, "target");
+        src.file = src.owned.get();
+        match_target_gguf(df, *src.file, hp);
+        if (!src.file->tensor(src.out)) src.out = src.embd;
+    } else if (df.tensor(tp + "token_embd.weight")) {
+        src.file = &df;
+        src.prefix = tp;
+        src.embd = tp + "token_embd.weight";
+        src.out = df.tensor(tp + "output.weight") ? tp + "output.weight" : src.embd;
         hp.embd_scale = (float) df.real(K::EMBEDDING_SCALE, 1.0);
-        if (hp.n_target_layers == 0) moa_throw(MOA_ERR_FORMAT, "'%s' does not record the target layer count", drafter_path);
+        if (hp.n_target_layers == 0) moa_throw(MOA_ERR_FORMAT, "'%s' does not record the target layer count", df.path.c_str());
     } else {
-        moa_throw(MOA_ERR_INVALID_ARGUMENT, "a target GGUF is required: '%s' does not bundle the target's tensors", drafter_path);
+        moa_throw(MOA_ERR_INVALID_ARGUMENT, "a target GGUF is required: '%s' does not bundle the target's tensors", df.path.c_str());
     }
-    {
-        const ggml_tensor * te = src->tensor(t_embd), * to = src->tensor(t_out);
-        if (!te || te->ne[0] != hp.n_embd || !supported_weight_type(te->type) ||
-            !to || to->ne[0] != hp.n_embd || to->ne[1] != hp.n_vocab_target || !supported_weight_type(to->type)) {
-            moa_throw(MOA_ERR_FORMAT, "target token embedding / LM head missing, of unsupported type or of the wrong shape");
-        }
+    const ggml_tensor * te = src.file->tensor(src.embd), * to = src.file->tensor(src.out);
+    if (!te || te->ne[0] != hp.n_embd || !supported_weight_type(te->type) ||
+        !to || to->ne[0] != hp.n_embd || to->ne[1] != hp.n_vocab_target || !supported_weight_type(to->type)) {
+        moa_throw(MOA_ERR_FORMAT, "target token embedding / LM head missing, of unsupported type or of the wrong shape");
     }
+    return src;
+}
 
-    // TLI N > 0: the target's last N decoder layers + output_norm, llama family only (ref §10.3).
-    std::vector<std::string> tli_names;
-    const std::string tsrc_prefix = target_path ? "" : tp;
-    if (hp.tli > 0) {
-        const std::string tarch = src->str((tsrc_prefix.empty() ? "general.architecture" : K::TARGET_ARCH), "llama");
-        std::vector<std::string> bad;
-        if (tarch != "llama") {
-            bad.push_back("TLI N > 0 needs a llama-architecture target (got '" + tarch + "')");
-        }
-        if (hp.tli >= hp.n_target_layers) bad.push_back("TLI N must be below the target layer count");
-        if (!bad.empty()) goto tli_report;
-        {
-            const std::string ak = tarch + ".";
-            const gguf_file & tsf = *src;
-            hp.t_n_head    = (int32_t) tsf.integer((ak + "attention.head_count").c_str(), 0);
-            hp.t_rms_eps   = (float) tsf.real((ak + "attention.layer_norm_rms_epsilon").c_str(), 1e-5);
-            hp.t_rope_base = (float) tsf.real((ak + "rope.freq_base").c_str(), 10000.0);
-            hp.t_rope_dims = (int32_t) tsf.integer((ak + "rope.dimension_count").c_str(), hp.target_head_dim);
-            const std::string scaling = tsf.str((ak + "rope.scaling.type").c_str(), "none");
-            if (scaling != "none" || tsf.tensor(tsrc_prefix + "rope_freqs.weight")) {
-                bad.push_back("TLI with RoPE scaling / rope_freqs (Llama-3.1 style) is not supported yet");
-            }
-            if (hp.t_n_head <= 0 || hp.t_n_head % hp.target_n_kv) bad.push_back("target head counts are inconsistent");
-            const int64_t d = hp.n_embd, D = hp.target_head_dim;
-            for (int32_t l = hp.n_target_layers - hp.tli; l < hp.n_target_layers; ++l) {
-                const std::string b = tsrc_prefix + "blk." + std::to_string(l) + ".";
-                const int64_t ff = tsf.tensor(b + "ffn_up.weight") ? tsf.tensor(b + "ffn_up.weight")->ne[1] : 0;
-                expect_shape(tsf, b + "attn_norm.weight", d, 1, true, bad);
-                expect_shape(tsf, b + "attn_q.weight", d, hp.t_n_head * D, false, bad);
-                expect_shape(tsf, b + "attn_k.weight", d, hp.target_n_kv * D, false, bad);
-                expect_shape(tsf, b + "attn_v.weight", d, hp.target_n_kv * D, false, bad);
-                expect_shape(tsf, b + "attn_output.weight", hp.t_n_head * D, d, false, bad);
-                expect_shape(tsf, b + "ffn_norm.weight", d, 1, true, bad);
-                expect_shape(tsf, b + "ffn_gate.weight", d, ff, false, bad);
-                expect_shape(tsf, b + "ffn_up.weight", d, ff, false, bad);
-                expect_shape(tsf, b + "ffn_down.weight", ff, d, false, bad);
-                for (const char * bias : {"attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"}) {
-                    if (tsf.tensor(b + bias)) bad.push_back("target layer biases are not supported for TLI");
-                }
-            }
-            expect_shape(tsf, tsrc_prefix + "output_norm.weight", d, 1, true, bad);
-        }
-    tli_report:
-        if (!bad.empty()) {
-            std::string msg = "cannot run target layer inference N=" + std::to_string(hp.tli) + ":";
-            for (auto & p : bad) msg += "\n  - " + p;
-            moa_throw(MOA_ERR_MISMATCH, "%s", msg.c_str());
+// The target hyper-parameters the reused layers need.
+void read_tli_hparams(const gguf_file & tsf, const std::string & tarch, moa_hparams & hp) {
+    const std::string ak = tarch + ".";
+    hp.t_n_head    = (int32_t) tsf.integer((ak + "attention.head_count").c_str(), 0);
+    hp.t_rms_eps   = (float) tsf.real((ak + "attention.layer_norm_rms_epsilon").c_str(), 1e-5);
+    hp.t_rope_base = (float) tsf.real((ak + "rope.freq_base").c_str(), 10000.0);
+    hp.t_rope_dims = (int32_t) tsf.integer((ak + "rope.dimension_count").c_str(), hp.target_head_dim);
+}
+
+// The last N target layers + output_norm: shapes of a plain llama block, no biases, no RoPE
+// scaling (moa_build_tli_layer implements exactly that).
+void check_tli_layers(const target_source & src, const std::string & tarch, const moa_hparams & hp,
+                      std::vector<std::string> & bad) {
+    const gguf_file & tsf = *src.file;
+    const std::string scaling = tsf.str((tarch + ".rope.scaling.type").c_str(), "none");
+    if (scaling != "none" || tsf.tensor(src.prefix + "rope_freqs.weight")) {
+        bad.push_back("TLI with RoPE scaling / rope_freqs (Llama-3.1 style) is not supported yet");
+    }
+    if (hp.t_n_head <= 0 || hp.t_n_head % hp.target_n_kv) bad.push_back("target head counts are inconsistent");
+    const int64_t d = hp.n_embd, D = hp.target_head_dim;
+    for (int32_t l = hp.n_target_layers - hp.tli; l < hp.n_target_layers; ++l) {
+        const std::string b = src.prefix + "blk." + std::to_string(l) + ".";
+        const int64_t ff = tsf.tensor(b + "ffn_up.weight") ? tsf.tensor(b + "ffn_up.weight")->ne[1] : 0;
+        expect_shape(tsf, b + "attn_norm.weight", d, 1, true, bad);
+        expect_shape(tsf, b + "attn_q.weight", d, hp.t_n_head * D, false, bad);
+        expect_shape(tsf, b + "attn_k.weight", d, hp.target_n_kv * D, false, bad);
+        expect_shape(tsf, b + "attn_v.weight", d, hp.target_n_kv * D, false, bad);
+        expect_shape(tsf, b + "attn_output.weight", hp.t_n_head * D, d, false, bad);
+        expect_shape(tsf, b + "ffn_norm.weight", d, 1, true, bad);
+        expect_shape(tsf, b + "ffn_gate.weight", d, ff, false, bad);
+        expect_shape(tsf, b + "ffn_up.weight", d, ff, false, bad);
+        expect_shape(tsf, b + "ffn_down.weight", ff, d, false, bad);
+        for (const char * bias : {"attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"}) {
+            if (tsf.tensor(b + bias)) bad.push_back("target layer biases are not supported for TLI");
         }
     }
+    expect_shape(tsf, src.prefix + "output_norm.weight", d, 1, true, bad);
+}
 
-    // Backend.
-    m->dev = pick_device(params.device);
-    if (!m->dev) moa_throw(MOA_ERR_BACKEND, "no ggml backend device available");
-    m->device_name = ggml_backend_dev_name(m->dev);
-    m->backend = ggml_backend_dev_init(m->dev, nullptr);
-    if (!m->backend) moa_throw(MOA_ERR_BACKEND, "cannot initialise device %s", m->device_name.c_str());
-    m->n_threads = params.n_threads > 0 ? params.n_threads : (int32_t) std::max(1u, std::thread::hardware_concurrency());
-    if (ggml_backend_dev_type(m->dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
-        m->backend_cpu = m->backend;
-    } else {
-        ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-        m->backend_cpu = cpu ? ggml_backend_dev_init(cpu, nullptr) : nullptr;
-        if (!m->backend_cpu) moa_throw(MOA_ERR_BACKEND, "cannot initialise the CPU backend");
+// TLI N > 0 runs the target's last N decoder layers: llama family only (ref §10.3).
+void match_tli(const target_source & src, moa_hparams & hp) {
+    if (hp.tli <= 0) return;
+    const std::string tarch = src.file->str(src.prefix.empty() ? "general.architecture" : K::TARGET_ARCH, "llama");
+    std::vector<std::string> bad;
+    if (tarch != "llama") bad.push_back("TLI N > 0 needs a llama-architecture target (got '" + tarch + "')");
+    if (hp.tli >= hp.n_target_layers) bad.push_back("TLI N must be below the target layer count");
+    // Layer checks only make sense for a llama target that has the layers.
+    if (bad.empty()) {
+        read_tli_hparams(*src.file, tarch, hp);
+        check_tli_layers(src, tarch, hp, bad);
     }
-    moa_backend_set_threads(m->backend_cpu, m->n_threads);
+    report_problems(MOA_ERR_MISMATCH, "cannot run target layer inference N=" + std::to_string(hp.tli) + ":", bad);
+}
 
-    // Drafter weights (always copied: they are small and may be converted per device).
-    std::vector<std::pair<std::string, ggml_tensor **>> dl;
-    add_layer_tensors(dl, "sa.", m->sa);
-    add_layer_tensors(dl, "ca.", m->ca);
-    add_layer_tensors(dl, "lsa.", m->lsa);
-    dl.push_back({moa_arch::EKV2E_WEIGHT, &m->ekv2e_w});
-    dl.push_back({moa_arch::EKV2E_BIAS, &m->ekv2e_b});
+// ---------------------------------------------------------------- load
+
+// Only the device is chosen here: each moa_state creates its own backend instances on it
+// (backends keep per-compute scratch memory, so states sharing one could not run concurrently).
+void pick_model_device(moa_model & m, const moa_model_params & params) {
+    m.dev = pick_device(params.device);
+    if (!m.dev) moa_throw(MOA_ERR_BACKEND, "no ggml backend device available");
+    m.device_name = ggml_backend_dev_name(m.dev);
+    m.n_threads = params.n_threads > 0 ? params.n_threads : (int32_t) std::max(1u, std::thread::hardware_concurrency());
+}
+
+// Drafter weights are always copied (small, and may be converted per device).
+void load_drafter_weights(moa_model & m, const gguf_file & df) {
+    tensor_list dl;
+    add_layer_tensors(dl, "sa.", m.sa);
+    add_layer_tensors(dl, "ca.", m.ca);
+    add_layer_tensors(dl, "lsa.", m.lsa);
+    dl.push_back({moa_arch::EKV2E_WEIGHT, &m.ekv2e_w});
+    dl.push_back({moa_arch::EKV2E_BIAS, &m.ekv2e_b});
     ggml_tensor * draft_head = nullptr;
     if (df.tensor(moa_arch::DRAFT_OUTPUT)) dl.push_back({moa_arch::DRAFT_OUTPUT, &draft_head});
-    load_tensors(*m, df, dl, "", false);
+    load_tensors(m, df, dl, "", false);
+    if (!draft_head) return;
 
-    if (draft_head) {
-        const ggml_tensor * map = df.tensor(moa_arch::D2T);
-        m->d2t.resize(map->ne[0]);
-        read_at(df.path, df.offset_of(moa_arch::D2T), m->d2t.data(), m->d2t.size() * sizeof(int32_t));
-        for (int32_t id : m->d2t) {
-            if (id < 0 || id >= hp.n_vocab_target) moa_throw(MOA_ERR_FORMAT, "'d2t' holds an id outside the target vocabulary");
-        }
-        m->output = draft_head;
-        hp.n_vocab = (int32_t) m->d2t.size();
+    const ggml_tensor * map = df.tensor(moa_arch::D2T);
+    m.d2t.resize(map->ne[0]);
+    read_at(df.path, df.offset_of(moa_arch::D2T), m.d2t.data(), m.d2t.size() * sizeof(int32_t));
+    for (int32_t id : m.d2t) {
+        if (id < 0 || id >= m.hp.n_vocab_target) moa_throw(MOA_ERR_FORMAT, "'d2t' holds an id outside the target vocabulary");
     }
+    m.output = draft_head;
+    m.hp.n_vocab = (int32_t) m.d2t.size();
+}
 
-    std::vector<std::pair<std::string, ggml_tensor **>> tl;
-    tl.push_back({t_embd, &m->tok_embd});
+// Token embedding, and the LM head unless the drafter has its own reduced one. Mapped on CPU
+// when allowed: the embedding can be the largest tensor of the target.
+void load_target_tensors(moa_model & m, const target_source & src, bool use_mmap) {
+    const bool own_head = m.output != nullptr;
+    tensor_list tl;
+    tl.push_back({src.embd, &m.tok_embd});
     ggml_tensor * target_out = nullptr;
-    if (!draft_head && t_out != t_embd) tl.push_back({t_out, &target_out});
-    load_tensors(*m, *src, tl, "target.", params.use_mmap);
-    if (!draft_head) {
-        m->output = target_out ? target_out : m->tok_embd;
-        hp.n_vocab = hp.n_vocab_target;
+    if (!own_head && src.out != src.embd) tl.push_back({src.out, &target_out});
+    load_tensors(m, *src.file, tl, "target.", use_mmap);
+    if (!own_head) {
+        m.output = target_out ? target_out : m.tok_embd;
+        m.hp.n_vocab = m.hp.n_vocab_target;
     }
-    if (hp.tli > 0) {
-        // Copied (not mapped): their q/k rows are rewritten to HF order.
-        m->tli.resize(hp.tli);
-        std::vector<std::pair<std::string, ggml_tensor **>> ll;
-        for (int32_t i = 0; i < hp.tli; ++i) {
-            add_layer_tensors(ll, tsrc_prefix + "blk." + std::to_string(hp.n_target_layers - hp.tli + i) + ".",
-                              m->tli[i]);
-        }
-        ll.push_back({tsrc_prefix + "output_norm.weight", &m->output_norm});
-        load_tensors(*m, *src, ll, "target.", false, hp.target_head_dim);
-    }
+}
 
+// TLI layers are copied, not mapped: their q/k rows are rewritten to HF order.
+void load_tli_layers(moa_model & m, const target_source & src) {
+    const moa_hparams & hp = m.hp;
+    if (hp.tli <= 0) return;
+    m.tli.resize(hp.tli);
+    tensor_list ll;
+    for (int32_t i = 0; i < hp.tli; ++i) {
+        add_layer_tensors(ll, src.prefix + "blk." + std::to_string(hp.n_target_layers - hp.tli + i) + ".", m.tli[i]);
+    }
+    ll.push_back({src.prefix + "output_norm.weight", &m.output_norm});
+    load_tensors(m, *src.file, ll, "target.", false, hp.target_head_dim);
+}
+
+}  // namespace
+
+// Everything that can be wrong with the user's files is found before the first allocation;
+// every tensor access after validate_drafter / open_target / match_tli is to a checked tensor.
+moa_model * moa_model_load_impl(const char * drafter_path, const char * target_path, const moa_model_params & params) {
+    if (!drafter_path) moa_throw(MOA_ERR_INVALID_ARGUMENT, "drafter path is NULL");
+    gguf_file df(drafter_path, "drafter");
+    check_drafter_identity(df);
+
+    auto m = std::make_unique<moa_model>();
+    m->hp = read_drafter_hparams(df, params);
+    validate_drafter(df, m->hp);
+    const target_source src = open_target(df, target_path, m->hp);
+    match_tli(src, m->hp);
+
+    pick_model_device(*m, params);
+    load_drafter_weights(*m, df);
+    load_target_tensors(*m, src, params.use_mmap);
+    load_tli_layers(*m, src);
+
+    const moa_hparams & hp = m->hp;
     MOA_LOG_INFO("moa: loaded drafter '%s' on %s: d=%d H=%d D=%d L=%d W=%d vocab=%d tli=%d",
                  drafter_path, m->device_name.c_str(), hp.n_embd, hp.n_head, hp.head_dim, hp.n_target_layers,
                  hp.lsa_width, hp.n_vocab, hp.tli);

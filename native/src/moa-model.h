@@ -1,5 +1,5 @@
 // moa_model: drafter hyper-parameters and weights, plus the target tensors it borrows.
-// Immutable after load; shared by any number of moa_state objects.
+// Immutable after load; shared read-only by any number of moa_state objects, on any threads.
 #pragma once
 
 #include "moa-impl.h"
@@ -63,11 +63,11 @@ struct moa_model {
     std::vector<moa_layer> tli;
     ggml_tensor * output_norm = nullptr;
 
-    // backend
+    // Device the weights live on and the drafter runs on. The model holds no ggml_backend:
+    // backends carry per-compute scratch (the CPU backend's work buffer, a GPU stream), so each
+    // moa_state creates its own and states of one model can compute concurrently.
     ggml_backend_dev_t dev = nullptr;
-    ggml_backend_t backend = nullptr;       // device the drafter runs on
-    ggml_backend_t backend_cpu = nullptr;   // CPU fallback for the scheduler (== backend on CPU)
-    int32_t n_threads = 0;
+    int32_t n_threads = 0;                  // CPU threads of each state's CPU backend
     std::string device_name;
 
     // storage

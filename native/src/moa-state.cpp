@@ -2,13 +2,14 @@
 //
 //   commit(K/V of verified tokens, pos0)   target K/V -> LSA -> mean -> Ekv2E -> CA K/V, written
 //                                          at CA slots pos0.. (CA slot == absolute position).
-//   draft(feed tokens, draft rows)         feed: tokens whose SA output is not needed (prompt,
-//                                          accepted drafts) only get SA K/V, appended to the SA
-//                                          context (slot == position). Draft rows: SA over the
-//                                          context + their ancestors + themselves, CA over every
-//                                          CA entry (no mask), LM head. Their SA K/V live in
-//                                          scratch slots after the context until the next
-//                                          clear_drafts / rollback / feed.
+//   feed(tokens)                           tokens whose SA output is not needed (prompt, accepted
+//                                          drafts) only get SA K/V, appended to the SA context
+//                                          (slot == position).
+//   draft_rows(rows)                       SA over the context + the row's ancestors + itself, CA
+//                                          over every CA entry (no mask), LM head. Their SA K/V
+//                                          live in scratch slots after the context until the next
+//                                          clear_drafts / rollback / commit.
+//   draft(feed tokens, rows)               both, as one graph (one scheduler pass).
 //   rollback(pos)                          forget positions >= pos in both caches.
 //
 // The CA cache only ever holds verified tokens and is frozen while drafting; the SA cache of a
@@ -32,39 +33,64 @@ moa_state::moa_state(const moa_model & model, const moa_state_params & p) : m(mo
     if (n_ctx <= 0 || n_draft_max <= 0 || n_batch <= 0) {
         moa_throw(MOA_ERR_INVALID_ARGUMENT, "moa_state_params: n_ctx, n_draft_max and n_batch must be > 0");
     }
-    ggml_init_params ip = {ggml_tensor_overhead() * (8 + 2 * m.tli.size()), nullptr, true};
-    ctx_cache = ggml_init(ip);
-    if (!ctx_cache) moa_throw(MOA_ERR_OUT_OF_MEMORY, "ggml_init failed");
-    const int64_t D = hp.head_dim, n_sa_slots = (int64_t) n_ctx + n_draft_max;
-    ca_k = ggml_new_tensor_3d(ctx_cache, GGML_TYPE_F32, D, hp.ca_n_kv, n_ctx);
-    ca_v = ggml_new_tensor_2d(ctx_cache, GGML_TYPE_F32, n_ctx, D * hp.ca_n_kv);
-    sa_k = ggml_new_tensor_3d(ctx_cache, GGML_TYPE_F32, D, hp.sa_n_kv, n_sa_slots);
-    sa_v = ggml_new_tensor_2d(ctx_cache, GGML_TYPE_F32, n_sa_slots, D * hp.sa_n_kv);
-    ggml_set_name(ca_k, "cache_ca_k");
-    ggml_set_name(ca_v, "cache_ca_v");
-    ggml_set_name(sa_k, "cache_sa_k");
-    ggml_set_name(sa_v, "cache_sa_v");
-    for (size_t i = 0; i < m.tli.size(); ++i) {
-        const int64_t Dt = hp.target_head_dim, Hkv = hp.target_n_kv;
-        tli_k.push_back(ggml_new_tensor_3d(ctx_cache, GGML_TYPE_F32, Dt, Hkv, n_sa_slots));
-        tli_v.push_back(ggml_new_tensor_2d(ctx_cache, GGML_TYPE_F32, n_sa_slots, Dt * Hkv));
-    }
-    buf_cache = ggml_backend_alloc_ctx_tensors(ctx_cache, m.backend);
-    if (!buf_cache) moa_throw(MOA_ERR_OUT_OF_MEMORY, "cannot allocate the drafter caches (n_ctx %d) on %s", n_ctx, m.device_name.c_str());
-    // Zero so that no view ever sees uninitialised (possibly NaN) memory.
-    ggml_backend_buffer_clear(buf_cache, 0);
+    try {
+        // Own backend instances: see moa_state in moa-state.h.
+        backend = ggml_backend_dev_init(m.dev, nullptr);
+        if (!backend) moa_throw(MOA_ERR_BACKEND, "cannot initialise device %s", m.device_name.c_str());
+        if (ggml_backend_dev_type(m.dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+            backend_cpu = backend;
+        } else {
+            ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+            backend_cpu = cpu ? ggml_backend_dev_init(cpu, nullptr) : nullptr;
+            if (!backend_cpu) moa_throw(MOA_ERR_BACKEND, "cannot initialise the CPU backend");
+        }
+        moa_backend_set_threads(backend_cpu, m.n_threads);
 
-    ggml_backend_t backends[2] = {m.backend, m.backend_cpu};
-    const int nb = m.backend == m.backend_cpu ? 1 : 2;
-    sched = ggml_backend_sched_new(backends, nullptr, nb, MOA_GRAPH_MAX_NODES, false, true);
-    if (!sched) moa_throw(MOA_ERR_BACKEND, "cannot create the ggml backend scheduler");
-    graph_mem.resize(ggml_tensor_overhead() * MOA_GRAPH_MAX_NODES + ggml_graph_overhead_custom(MOA_GRAPH_MAX_NODES, false));
+        ggml_init_params ip = {ggml_tensor_overhead() * (8 + 2 * m.tli.size()), nullptr, true};
+        ctx_cache = ggml_init(ip);
+        if (!ctx_cache) moa_throw(MOA_ERR_OUT_OF_MEMORY, "ggml_init failed");
+        const int64_t D = hp.head_dim, n_sa_slots = (int64_t) n_ctx + n_draft_max;
+        ca_k = ggml_new_tensor_3d(ctx_cache, GGML_TYPE_F32, D, hp.ca_n_kv, n_ctx);
+        ca_v = ggml_new_tensor_2d(ctx_cache, GGML_TYPE_F32, n_ctx, D * hp.ca_n_kv);
+        sa_k = ggml_new_tensor_3d(ctx_cache, GGML_TYPE_F32, D, hp.sa_n_kv, n_sa_slots);
+        sa_v = ggml_new_tensor_2d(ctx_cache, GGML_TYPE_F32, n_sa_slots, D * hp.sa_n_kv);
+        ggml_set_name(ca_k, "cache_ca_k");
+        ggml_set_name(ca_v, "cache_ca_v");
+        ggml_set_name(sa_k, "cache_sa_k");
+        ggml_set_name(sa_v, "cache_sa_v");
+        for (size_t i = 0; i < m.tli.size(); ++i) {
+            const int64_t Dt = hp.target_head_dim, Hkv = hp.target_n_kv;
+            tli_k.push_back(ggml_new_tensor_3d(ctx_cache, GGML_TYPE_F32, Dt, Hkv, n_sa_slots));
+            tli_v.push_back(ggml_new_tensor_2d(ctx_cache, GGML_TYPE_F32, n_sa_slots, Dt * Hkv));
+        }
+        buf_cache = ggml_backend_alloc_ctx_tensors(ctx_cache, backend);
+        if (!buf_cache) moa_throw(MOA_ERR_OUT_OF_MEMORY, "cannot allocate the drafter caches (n_ctx %d) on %s", n_ctx, m.device_name.c_str());
+        // Zero so that no view ever sees uninitialised (possibly NaN) memory.
+        ggml_backend_buffer_clear(buf_cache, 0);
+
+        ggml_backend_t backends[2] = {backend, backend_cpu};
+        const int nb = backend == backend_cpu ? 1 : 2;
+        sched = ggml_backend_sched_new(backends, nullptr, nb, MOA_GRAPH_MAX_NODES, false, true);
+        if (!sched) moa_throw(MOA_ERR_BACKEND, "cannot create the ggml backend scheduler");
+        graph_mem.resize(ggml_tensor_overhead() * MOA_GRAPH_MAX_NODES + ggml_graph_overhead_custom(MOA_GRAPH_MAX_NODES, false));
+    } catch (...) {
+        release();  // a throwing constructor runs no destructor
+        throw;
+    }
 }
 
-moa_state::~moa_state() {
+moa_state::~moa_state() { release(); }
+
+void moa_state::release() {
     if (sched) ggml_backend_sched_free(sched);
     if (buf_cache) ggml_backend_buffer_free(buf_cache);
     if (ctx_cache) ggml_free(ctx_cache);
+    if (backend_cpu && backend_cpu != backend) ggml_backend_free(backend_cpu);
+    if (backend) ggml_backend_free(backend);
+    sched = nullptr;
+    buf_cache = nullptr;
+    ctx_cache = nullptr;
+    backend_cpu = backend = nullptr;
 }
 
 namespace {
@@ -168,127 +194,193 @@ void moa_state::commit(const float * lsa_in, int32_t n_tokens, moa_pos pos0, flo
     }
 }
 
-// ref: §7-§9 (SA, CA, LM head), §13 (tree levels as one call with an ancestor mask).
+void moa_state::feed(int32_t n_feed, const moa_token * tokens) {
+    if (n_feed == 0) return;
+    validate("feed", n_feed, tokens, 0, nullptr, nullptr, nullptr, nullptr);
+    run(n_feed, tokens, 0, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+
+void moa_state::draft_rows(int32_t n_draft, const moa_token * tokens, const moa_pos * pos, const int32_t * parents,
+                           float * logits, float * hidden) {
+    validate("draft", 0, nullptr, n_draft, tokens, pos, parents, logits);
+    run(0, nullptr, n_draft, tokens, pos, parents, logits, hidden);
+}
+
 void moa_state::draft(int32_t n_feed, const moa_token * feed, int32_t n_draft, const moa_token * tokens,
                       const moa_pos * pos, const int32_t * parents, float * logits, float * hidden) {
+    validate("draft", n_feed, feed, n_draft, tokens, pos, parents, logits);
+    run(n_feed, feed, n_draft, tokens, pos, parents, logits, hidden);
+}
+
+// Every argument and capacity check, before anything changes (so a failed call leaves the
+// state as it was). `who` names the entry point in the messages.
+void moa_state::validate(const char * who, int32_t n_feed, const moa_token * feed, int32_t n_draft,
+                         const moa_token * tokens, const moa_pos * pos, const int32_t * parents,
+                         const float * logits) const {
     const moa_hparams & hp = m.hp;
-    if (n_feed < 0 || n_draft < 0 || n_feed + n_draft == 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: nothing to do");
-    if (n_feed > 0 && !feed) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: feed_tokens is NULL");
+    if (n_feed < 0 || n_draft < 0 || n_feed + n_draft == 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "%s: nothing to do", who);
+    if (n_feed > 0 && !feed) moa_throw(MOA_ERR_INVALID_ARGUMENT, "%s: feed_tokens is NULL", who);
     if (n_draft > 0 && (!tokens || !pos || !parents || !logits)) {
-        moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: tokens, pos, parents and logits are required for draft rows");
+        moa_throw(MOA_ERR_INVALID_ARGUMENT, "%s: tokens, pos, parents and logits are required for draft rows", who);
     }
     const int32_t n_pending = (int32_t) draft_parent.size();
     if (n_feed > 0 && n_pending > 0) {
-        moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: cannot feed context tokens while %d draft rows are pending "
-                  "(clear_drafts or rollback first)", n_pending);
+        moa_throw(MOA_ERR_INVALID_ARGUMENT, "%s: cannot feed context tokens while %d draft rows are pending "
+                  "(clear_drafts or rollback first)", who, n_pending);
     }
-    if (n_sa + n_feed > n_ctx) moa_throw(MOA_ERR_CACHE_FULL, "draft: SA context would exceed n_ctx %d", n_ctx);
+    if (n_sa + n_feed > n_ctx) moa_throw(MOA_ERR_CACHE_FULL, "%s: SA context would exceed n_ctx %d", who, n_ctx);
     if (n_pending + n_draft > n_draft_max) {
-        moa_throw(MOA_ERR_CACHE_FULL, "draft: %d draft rows exceed n_draft_max %d", n_pending + n_draft, n_draft_max);
+        moa_throw(MOA_ERR_CACHE_FULL, "%s: %d draft rows exceed n_draft_max %d", who, n_pending + n_draft, n_draft_max);
     }
-    if (n_draft > 0 && n_ca == 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: commit at least one verified token first");
-    if (n_feed + n_draft > n_batch + n_draft_max) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: too many rows in one call");
+    if (n_draft > 0 && n_ca == 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "%s: commit at least one verified token first", who);
+    if (n_feed + n_draft > n_batch + n_draft_max) moa_throw(MOA_ERR_INVALID_ARGUMENT, "%s: too many rows in one call", who);
     for (int32_t i = 0; i < n_feed; ++i) {
-        if (feed[i] < 0 || feed[i] >= hp.n_vocab_target) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: feed token %d out of range", feed[i]);
+        if (feed[i] < 0 || feed[i] >= hp.n_vocab_target) moa_throw(MOA_ERR_INVALID_ARGUMENT, "%s: feed token %d out of range", who, feed[i]);
     }
     for (int32_t i = 0; i < n_draft; ++i) {
-        if (tokens[i] < 0 || tokens[i] >= hp.n_vocab_target) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: token %d out of range", tokens[i]);
-        if (pos[i] < 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: negative position");
+        if (tokens[i] < 0 || tokens[i] >= hp.n_vocab_target) moa_throw(MOA_ERR_INVALID_ARGUMENT, "%s: token %d out of range", who, tokens[i]);
+        if (pos[i] < 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "%s: negative position", who);
         if (parents[i] < -1 || parents[i] >= n_pending + i) {
-            moa_throw(MOA_ERR_INVALID_ARGUMENT, "draft: parent %d of row %d must be -1 or an earlier draft row", parents[i], i);
+            moa_throw(MOA_ERR_INVALID_ARGUMENT, "%s: parent %d of row %d must be -1 or an earlier draft row", who, parents[i], i);
         }
     }
+}
 
+namespace {
+
+// The SA input and K/V of every row of a call (feed tokens first, then draft rows).
+struct sa_graph {
+    ggml_tensor * tok = nullptr, * pos = nullptr;  // inputs, I32 [N]
+    ggml_tensor * x = nullptr;                     // scaled token embedding [d, N]
+    ggml_tensor * a = nullptr;                     // SA-normed x [d, N]
+};
+
+// The draft rows' path from SA to logits.
+struct draft_graph {
+    ggml_tensor * pos = nullptr;     // input, I32 [nd]
+    ggml_tensor * mask = nullptr;    // input, SA ancestor mask [n_kv, nd]
+    ggml_tensor * mask_t = nullptr;  // input, TLI ancestor mask [n_kv_t, nd] (TLI N > 0 only)
+    ggml_tensor * z = nullptr;       // output, CA output [d, nd]
+    ggml_tensor * logits = nullptr;  // output [n_vocab, nd]
+};
+
+// Embed N rows and write their SA K/V at slots s0..s0+N-1.
+sa_graph build_sa_kv(const moa_state & s, const moa_graph & g, ggml_cgraph * gf, int32_t N, int64_t s0) {
+    const moa_model & m = s.m;
+    const moa_hparams & hp = m.hp;
+    ggml_context * ctx = g.ctx;
+    sa_graph sg;
+    sg.tok = input(ctx, GGML_TYPE_I32, N);
+    sg.pos = input(ctx, GGML_TYPE_I32, N);
+    sg.x = ggml_get_rows(ctx, m.tok_embd, sg.tok);                             // [d, N]
+    if (hp.embd_scale != 1.0f) sg.x = ggml_scale(ctx, sg.x, hp.embd_scale);
+    sg.a = moa_build_norm(g, sg.x, m.sa.attn_norm);                            // [d, N]
+    ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.sa.wk, sg.a), hp.head_dim, hp.sa_n_kv, N);  // [D, h_sa, N]
+    k = moa_build_rope(g, k, sg.pos);
+    ggml_tensor * v = ggml_mul_mat(ctx, m.sa.wv, sg.a);                        // [D*h_sa, N]
+    moa_store_kv(ctx, gf, s.sa_k, s.sa_v, k, v, s0);
+    return sg;
+}
+
+// Rows n_feed.. of sg are draft rows: SA over the first n_kv slots (masked), CA, then the LM head
+// (TLI N > 0: through the target's last N layers first). n_pending rows precede them this cycle.
+draft_graph build_draft_rows(const moa_state & s, const moa_graph & g, ggml_cgraph * gf, const sa_graph & sg,
+                             int32_t n_feed, int32_t n_draft, int32_t n_pending, int64_t n_kv) {
+    const moa_model & m = s.m;
+    const moa_hparams & hp = m.hp;
+    ggml_context * ctx = g.ctx;
     const int64_t D = hp.head_dim, d = hp.n_embd;
+    draft_graph dg;
+    dg.pos = input(ctx, GGML_TYPE_I32, n_draft);
+    dg.mask = input(ctx, GGML_TYPE_F32, n_kv, n_draft);                                    // [n_kv, n_draft]
+    ggml_tensor * xd = ggml_view_2d(ctx, sg.x, d, n_draft, sg.x->nb[1], (size_t) n_feed * sg.x->nb[1]);  // [d, nd]
+    ggml_tensor * ad = ggml_view_2d(ctx, sg.a, d, n_draft, sg.a->nb[1], (size_t) n_feed * sg.a->nb[1]);  // [d, nd]
+    const float scale = 1.0f / std::sqrt((float) D);
+    // SA (ref §7)
+    ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.sa.wq, ggml_cont(ctx, ad)), D, hp.n_head, n_draft);
+    q = ggml_permute(ctx, moa_build_rope(g, q, dg.pos), 0, 2, 1, 3);        // [D, nd, H]
+    ggml_tensor * o = moa_build_attn(g, q, moa_view_k(ctx, s.sa_k, n_kv), moa_view_v(ctx, s.sa_v, n_kv, D), dg.mask, scale);  // [H*D, nd]
+    ggml_tensor * h = ggml_add(ctx, xd, ggml_mul_mat(ctx, m.sa.wo, o));     // [d, nd]
+    h = ggml_add(ctx, h, moa_build_ffn(g, m.sa, moa_build_norm(g, h, m.sa.ffn_norm)));
+    // CA (ref §8): query from the SA output at the row's own position; no mask.
+    ggml_tensor * c = moa_build_norm(g, h, m.ca.attn_norm);
+    ggml_tensor * qc = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.ca.wq, c), D, hp.n_head, n_draft);
+    qc = ggml_permute(ctx, moa_build_rope(g, qc, dg.pos), 0, 2, 1, 3);      // [D, nd, H]
+    ggml_tensor * oc = moa_build_attn(g, qc, moa_view_k(ctx, s.ca_k, s.n_ca), moa_view_v(ctx, s.ca_v, s.n_ca, D), nullptr, scale);
+    ggml_tensor * z = ggml_add(ctx, h, ggml_mul_mat(ctx, m.ca.wo, oc));     // [d, nd]
+    z = ggml_add(ctx, z, moa_build_ffn(g, m.ca, moa_build_norm(g, z, m.ca.ffn_norm)));
+    dg.z = z;
+    ggml_set_output(z);
+    if (m.tli.empty()) {
+        // LM head on the CA output, no final norm at TLI 0 (ref §9).
+        dg.logits = ggml_mul_mat(ctx, m.output, z);                          // [n_vocab, nd]
+    } else {
+        // TLI N: z enters the target's residual stream at layer L-N (ref §10.3).
+        const int64_t n_kv_t = (int64_t) s.n_ca + n_pending + n_draft;    // TLI keys: verified + draft rows
+        dg.mask_t = input(ctx, GGML_TYPE_F32, n_kv_t, n_draft);              // [n_kv_t, nd]
+        ggml_tensor * hcur = z;
+        for (size_t i = 0; i < m.tli.size(); ++i) {
+            hcur = moa_build_tli_layer(g, gf, m.tli[i], hcur, dg.pos, s.tli_k[i], s.tli_v[i],
+                                       (int64_t) s.n_ca + n_pending, n_kv_t, dg.mask_t);
+        }
+        dg.logits = ggml_mul_mat(ctx, m.output, moa_build_norm_eps(g, hcur, m.output_norm, hp.t_rms_eps));
+    }
+    ggml_set_output(dg.logits);
+    ggml_build_forward_expand(gf, dg.logits);
+    return dg;
+}
+
+// Mask [n_draft][n_keys]: row i (draft row j = n_pending + i) sees the first n_prefix keys, its
+// ancestors and itself, whose keys follow the prefix in draft-row order. par: every row's parent.
+std::vector<float> ancestor_mask(int64_t n_keys, int64_t n_prefix, int32_t n_pending, int32_t n_draft,
+                                 const std::vector<int32_t> & par) {
+    std::vector<float> mk((size_t) n_keys * n_draft, -INFINITY);
+    for (int32_t i = 0; i < n_draft; ++i) {
+        float * row = mk.data() + (size_t) i * n_keys;
+        std::fill(row, row + n_prefix, 0.0f);
+        for (int32_t j = n_pending + i; j >= 0; j = par[j]) row[n_prefix + j] = 0.0f;
+    }
+    return mk;
+}
+
+}  // namespace
+
+// ref: §7-§9 (SA, CA, LM head), §13 (tree levels as one call with an ancestor mask).
+// One graph for the call's feed tokens and draft rows: their SA K/V are computed together.
+void moa_state::run(int32_t n_feed, const moa_token * feed, int32_t n_draft, const moa_token * tokens,
+                    const moa_pos * pos, const int32_t * parents, float * logits, float * hidden) {
+    const int32_t n_pending = (int32_t) draft_parent.size();
     const int32_t N = n_feed + n_draft;
     const int32_t n_ctx_rows = n_sa + n_feed;           // context slots after this call's feed
     const int64_t s0 = n_sa + n_pending;                 // first slot written by this call
     const int64_t n_kv = s0 + N;
 
     graph_ctx gc(graph_mem);
-    ggml_context * ctx = gc.ctx;
-    moa_graph g{ctx, hp};
-    ggml_tensor * tok = input(ctx, GGML_TYPE_I32, N);
-    ggml_tensor * pos_all = input(ctx, GGML_TYPE_I32, N);
-    ggml_tensor * x = ggml_get_rows(ctx, m.tok_embd, tok);                     // [d, N]
-    if (hp.embd_scale != 1.0f) x = ggml_scale(ctx, x, hp.embd_scale);
-    ggml_tensor * a = moa_build_norm(g, x, m.sa.attn_norm);                    // [d, N]
-    ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.sa.wk, a), D, hp.sa_n_kv, N);  // [D, h_sa, N]
-    k = moa_build_rope(g, k, pos_all);
-    ggml_tensor * v = ggml_mul_mat(ctx, m.sa.wv, a);                           // [D*h_sa, N]
-    moa_store_kv(ctx, gc.gf, sa_k, sa_v, k, v, s0);
-
-    ggml_tensor * out = nullptr, * mask = nullptr, * pos_d = nullptr, * z_out = nullptr, * mask_t = nullptr;
-    const int64_t n_kv_t = (int64_t) n_ca + n_pending + n_draft;   // TLI keys: verified + draft rows
-    if (n_draft > 0) {
-        pos_d = input(ctx, GGML_TYPE_I32, n_draft);
-        mask = input(ctx, GGML_TYPE_F32, n_kv, n_draft);                       // [n_kv, n_draft]
-        ggml_tensor * xd = ggml_view_2d(ctx, x, d, n_draft, x->nb[1], (size_t) n_feed * x->nb[1]);  // [d, nd]
-        ggml_tensor * ad = ggml_view_2d(ctx, a, d, n_draft, a->nb[1], (size_t) n_feed * a->nb[1]);  // [d, nd]
-        const float scale = 1.0f / std::sqrt((float) D);
-        // SA (ref §7)
-        ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.sa.wq, ggml_cont(ctx, ad)), D, hp.n_head, n_draft);
-        q = ggml_permute(ctx, moa_build_rope(g, q, pos_d), 0, 2, 1, 3);        // [D, nd, H]
-        ggml_tensor * o = moa_build_attn(g, q, moa_view_k(ctx, sa_k, n_kv), moa_view_v(ctx, sa_v, n_kv, D), mask, scale);  // [H*D, nd]
-        ggml_tensor * h = ggml_add(ctx, xd, ggml_mul_mat(ctx, m.sa.wo, o));    // [d, nd]
-        h = ggml_add(ctx, h, moa_build_ffn(g, m.sa, moa_build_norm(g, h, m.sa.ffn_norm)));
-        // CA (ref §8): query from the SA output at the row's own position; no mask.
-        ggml_tensor * c = moa_build_norm(g, h, m.ca.attn_norm);
-        ggml_tensor * qc = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.ca.wq, c), D, hp.n_head, n_draft);
-        qc = ggml_permute(ctx, moa_build_rope(g, qc, pos_d), 0, 2, 1, 3);      // [D, nd, H]
-        ggml_tensor * oc = moa_build_attn(g, qc, moa_view_k(ctx, ca_k, n_ca), moa_view_v(ctx, ca_v, n_ca, D), nullptr, scale);
-        ggml_tensor * z = ggml_add(ctx, h, ggml_mul_mat(ctx, m.ca.wo, oc));    // [d, nd]
-        z = ggml_add(ctx, z, moa_build_ffn(g, m.ca, moa_build_norm(g, z, m.ca.ffn_norm)));
-        z_out = z;
-        ggml_set_output(z_out);
-        if (m.tli.empty()) {
-            // LM head on the CA output, no final norm at TLI 0 (ref §9).
-            out = ggml_mul_mat(ctx, m.output, z);                              // [n_vocab, nd]
-        } else {
-            // TLI N: z enters the target's residual stream at layer L-N (ref §10.3).
-            mask_t = input(ctx, GGML_TYPE_F32, n_kv_t, n_draft);               // [n_kv_t, nd]
-            ggml_tensor * hcur = z;
-            for (size_t i = 0; i < m.tli.size(); ++i) {
-                hcur = moa_build_tli_layer(g, gc.gf, m.tli[i], hcur, pos_d, tli_k[i], tli_v[i],
-                                           (int64_t) n_ca + n_pending, n_kv_t, mask_t);
-            }
-            out = ggml_mul_mat(ctx, m.output, moa_build_norm_eps(g, hcur, m.output_norm, hp.t_rms_eps));
-        }
-        ggml_set_output(out);
-        ggml_build_forward_expand(gc.gf, out);
-    }
+    moa_graph g{gc.ctx, m.hp};
+    const sa_graph sg = build_sa_kv(*this, g, gc.gf, N, s0);
+    draft_graph dg;
+    if (n_draft > 0) dg = build_draft_rows(*this, g, gc.gf, sg, n_feed, n_draft, n_pending, n_kv);
 
     alloc(sched, gc.gf);
     std::vector<int32_t> tk(N), ps(N);
     for (int32_t i = 0; i < n_feed; ++i) { tk[i] = feed[i]; ps[i] = n_sa + i; }
     for (int32_t i = 0; i < n_draft; ++i) { tk[n_feed + i] = tokens[i]; ps[n_feed + i] = pos[i]; }
-    ggml_backend_tensor_set(tok, tk.data(), 0, ggml_nbytes(tok));
-    ggml_backend_tensor_set(pos_all, ps.data(), 0, ggml_nbytes(pos_all));
+    ggml_backend_tensor_set(sg.tok, tk.data(), 0, ggml_nbytes(sg.tok));
+    ggml_backend_tensor_set(sg.pos, ps.data(), 0, ggml_nbytes(sg.pos));
     if (n_draft > 0) {
-        ggml_backend_tensor_set(pos_d, pos, 0, ggml_nbytes(pos_d));
-        // Row i (draft row j = n_pending + i) sees the context slots, its ancestors and itself.
-        std::vector<float> mk((size_t) n_kv * n_draft, -INFINITY);
+        ggml_backend_tensor_set(dg.pos, pos, 0, ggml_nbytes(dg.pos));
         std::vector<int32_t> par(draft_parent);
         par.insert(par.end(), parents, parents + n_draft);
-        for (int32_t i = 0; i < n_draft; ++i) {
-            float * row = mk.data() + (size_t) i * n_kv;
-            std::fill(row, row + n_ctx_rows, 0.0f);
-            for (int32_t j = n_pending + i; j >= 0; j = par[j]) row[n_ctx_rows + j] = 0.0f;
-        }
-        ggml_backend_tensor_set(mask, mk.data(), 0, ggml_nbytes(mask));
-        if (mask_t) {
-            std::vector<float> mt((size_t) n_kv_t * n_draft, -INFINITY);
-            for (int32_t i = 0; i < n_draft; ++i) {
-                float * row = mt.data() + (size_t) i * n_kv_t;
-                std::fill(row, row + n_ca, 0.0f);
-                for (int32_t j = n_pending + i; j >= 0; j = par[j]) row[n_ca + j] = 0.0f;
-            }
-            ggml_backend_tensor_set(mask_t, mt.data(), 0, ggml_nbytes(mask_t));
+        const std::vector<float> mk = ancestor_mask(n_kv, n_ctx_rows, n_pending, n_draft, par);
+        ggml_backend_tensor_set(dg.mask, mk.data(), 0, ggml_nbytes(dg.mask));
+        if (dg.mask_t) {
+            const std::vector<float> mt = ancestor_mask(dg.mask_t->ne[0], n_ca, n_pending, n_draft, par);
+            ggml_backend_tensor_set(dg.mask_t, mt.data(), 0, ggml_nbytes(dg.mask_t));
         }
     }
     compute(sched, gc.gf);
-    if (n_draft > 0) ggml_backend_tensor_get(out, logits, 0, ggml_nbytes(out));
-    if (n_draft > 0 && hidden) ggml_backend_tensor_get(z_out, hidden, 0, ggml_nbytes(z_out));
+    if (n_draft > 0) ggml_backend_tensor_get(dg.logits, logits, 0, ggml_nbytes(dg.logits));
+    if (n_draft > 0 && hidden) ggml_backend_tensor_get(dg.z, hidden, 0, ggml_nbytes(dg.z));
     n_sa += n_feed;
     draft_parent.insert(draft_parent.end(), parents, parents + n_draft);
 }

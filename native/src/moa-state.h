@@ -1,10 +1,14 @@
-// moa_state: one sequence's drafter caches and the commit / draft / rollback state machine.
+// moa_state: one sequence's drafter caches and the commit / feed / draft / rollback state machine.
 #pragma once
 
 #include "moa-model.h"
 
 #include <vector>
 
+// Thread safety: a state is used by one thread at a time; different states (of one model or
+// not) may run concurrently. Everything a computation writes belongs to the state: caches,
+// graph memory, scheduler and its compute buffers, and the backend instances themselves
+// (a ggml CPU backend reuses one work buffer for every graph it computes).
 struct moa_state {
     const moa_model & m;
     int32_t n_ctx = 0, n_draft_max = 0, n_batch = 0;
@@ -25,15 +29,32 @@ struct moa_state {
     int32_t n_sa = 0;
     std::vector<int32_t> draft_parent;  // per pending draft row: parent draft row or -1
 
+    ggml_backend_t backend = nullptr;      // on m.dev, owned by this state
+    ggml_backend_t backend_cpu = nullptr;  // CPU fallback for the scheduler (== backend on CPU)
     ggml_backend_sched_t sched = nullptr;
     std::vector<uint8_t> graph_mem;
 
     moa_state(const moa_model & model, const moa_state_params & p);
     ~moa_state();
+    moa_state(const moa_state &) = delete;
+    moa_state & operator=(const moa_state &) = delete;
 
     void commit(const float * lsa_in, int32_t n_tokens, moa_pos pos0, float * lsa_out, float * lsa_mean, float * ekv);
+    // Context tokens only (SA K/V at positions n_sa..); n_feed == 0 is a no-op.
+    void feed(int32_t n_feed, const moa_token * tokens);
+    // Draft rows only (n_draft > 0).
+    void draft_rows(int32_t n_draft, const moa_token * tokens, const moa_pos * pos, const int32_t * parents,
+                    float * logits, float * hidden);
+    // feed then draft_rows as one graph, validated as a whole before anything changes.
     void draft(int32_t n_feed, const moa_token * feed, int32_t n_draft, const moa_token * tokens, const moa_pos * pos,
                const int32_t * parents, float * logits, float * hidden);
     void rollback(moa_pos pos);
     void clear_drafts() { draft_parent.clear(); }
+
+private:
+    void release();
+    void validate(const char * who, int32_t n_feed, const moa_token * feed, int32_t n_draft, const moa_token * tokens,
+                  const moa_pos * pos, const int32_t * parents, const float * logits) const;
+    void run(int32_t n_feed, const moa_token * feed, int32_t n_draft, const moa_token * tokens, const moa_pos * pos,
+             const int32_t * parents, float * logits, float * hidden);
 };

@@ -90,6 +90,25 @@ int32_t moa_state_commit(moa_state * s, const float * lsa_in, int32_t n_tokens, 
     });
 }
 
+int32_t moa_state_feed(moa_state * s, int32_t n_feed, const moa_token * feed_tokens) {
+    return moa_guard_status([&] {
+        MOA_CHECK_ARG(s, "moa_state_feed: state is NULL");
+        MOA_CHECK_ARG(n_feed >= 0, "moa_state_feed: n_feed must be >= 0");
+        s->feed(n_feed, feed_tokens);
+        return (int32_t) MOA_OK;
+    });
+}
+
+int32_t moa_state_draft_rows(moa_state * s, int32_t n_draft, const moa_token * tokens, const moa_pos * pos,
+                             const int32_t * parents, float * logits, float * hidden) {
+    return moa_guard_status([&] {
+        MOA_CHECK_ARG(s, "moa_state_draft_rows: state is NULL");
+        MOA_CHECK_ARG(n_draft >= 0, "moa_state_draft_rows: n_draft must be >= 0");
+        s->draft_rows(n_draft, tokens, pos, parents, logits, hidden);
+        return (int32_t) MOA_OK;
+    });
+}
+
 int32_t moa_state_draft(moa_state * s, int32_t n_feed, const moa_token * feed_tokens, int32_t n_draft,
                         const moa_token * tokens, const moa_pos * pos, const int32_t * parents, float * logits,
                         float * hidden) {
