@@ -23,7 +23,8 @@ from ..errors import CacheFullError
 from ..target import MAX_VERIFY_ROWS, Target
 from .policy import CostAwarePolicy, FixedPolicy, make_policy
 from .scorer import TargetScorer
-from .types import NO_DRAFT, DraftConfig, Proposal, Proposer, SamplingParams, SpecStats, StepResult
+from .types import (NO_DRAFT, DraftConfig, Proposal, Proposer, SamplingParams, Scores, SpecStats, StepResult,
+                    Verdict)
 from .verify import probs_from_logits, verify
 
 
@@ -161,6 +162,8 @@ class SpeculativeLoop:
         if room < 0:
             return self._finish(g, "length")
         cfg = self._shape(g, room)
+        if cfg.mode == "none" and not g.carry and not g.drafting:
+            return self._plain_step(g)
         t = time.perf_counter()
         proposal = self._propose(g, cfg)
         t_draft = time.perf_counter() - t
@@ -189,6 +192,28 @@ class SpeculativeLoop:
         st.accept_lengths.append(verdict.n_accepted + 1)
         return self._emit(g, verdict.tokens + [verdict.bonus], proposal.n, verdict.n_accepted,
                           proposal.draft_rows, str(cfg), t_draft + t_commit, t_target, t_capture)
+
+    def _plain_step(self, g: Generation) -> StepResult:
+        """Plain decoding (nothing drafted, nothing to commit): decode the root alone, sample.
+        The same as a step with an empty proposal, without the bookkeeping (it is the baseline
+        a user compares with, so it must cost no more than llama.cpp's own loop)."""
+        t = time.perf_counter()
+        try:
+            logits = self.target.decode((g.root,), (g.n,), capture=False)
+        except CacheFullError:
+            return self._finish(g, "length")
+        t_target = time.perf_counter() - t
+        nxt = _sample(logits[0], g.sp, g.rng)
+        if self.on_cycle is not None:
+            self.on_cycle(g.n, g.root, Proposal.empty(), Scores(logits, np.zeros(1, np.int64)), Verdict([], [], nxt))
+        g.feed.append(g.root)
+        g.n += 1
+        g.root = nxt
+        st = g.stats
+        st.target_calls += 1
+        st.t_target += t_target
+        st.accept_lengths.append(1)
+        return self._emit(g, [nxt], 0, 0, 0, "none", 0.0, t_target, 0.0)
 
     def _captures(self) -> bool:
         return bool(getattr(self.proposer, "needs_capture", False))
