@@ -117,7 +117,7 @@ class SpeculativeGenerator:
             proposer = None
             if draft_model is not None:
                 from .draft_model import DraftModelProposer
-                proposer = DraftModelProposer.from_path(draft_model, target, n_ctx=n_ctx, n_threads=n_threads,
+                proposer = DraftModelProposer.from_path(draft_model, target=target, n_ctx=n_ctx, n_threads=n_threads,
                                                         n_gpu_layers=n_gpu_layers)
         except BaseException:
             target.close()
@@ -157,12 +157,13 @@ class SpeculativeGenerator:
         tokens: list = []
         text = ""
         stats = None
+        render = self.target.text_stream()
         for ev in self.loop.run(ids, max_tokens, sp, cfg):
             stats = ev.stats
             if not ev.tokens:
                 continue
             tokens += ev.tokens
-            full = self.target.detokenize(tokens)
+            full = render.extend(ev.tokens)
             hit = min((full.find(s) for s in stop if s and s in full), default=-1)
             if hit >= 0:
                 piece = full[len(text):hit]

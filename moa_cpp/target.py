@@ -16,6 +16,7 @@ Example::
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 from pathlib import Path
@@ -58,7 +59,27 @@ def set_llama_log(verbose: bool) -> None:
     global _log_chosen
     from llama_cpp import _logger
     _logger.set_verbose(bool(verbose))
+    # Quiet means silent: llama.cpp logs harmless lines at error level too (Gemma-3: "control-
+    # looking token ... probably a bug in the model"); its recent error lines are kept and put
+    # into our exception when a load fails (llama_errors()).
+    llama_cpp.llama_log_set(_logger.llama_log_callback if verbose else _quiet_log, ctypes.c_void_p(0))
     _log_chosen = True
+
+
+_recent_errors: "collections.deque[str]" = collections.deque(maxlen=8)
+
+
+@llama_cpp.llama_log_callback
+def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if level == 3:  # GGML_LOG_LEVEL_ERROR
+        _recent_errors.append(text.decode("utf-8", "replace").strip())
+
+
+def llama_errors() -> str:
+    """llama.cpp's latest error lines while quiet (for error messages), then forget them."""
+    lines = [x for x in _recent_errors if x]
+    _recent_errors.clear()
+    return ("; llama.cpp said: " + " | ".join(lines)) if lines else ""
 
 
 _log_chosen = False   # set_llama_log was called: Target.from_path(verbose=None) keeps that choice
@@ -69,6 +90,35 @@ def _ensure_backend() -> None:
     if not _backend_ready:
         llama_cpp.llama_backend_init()
         _backend_ready = True
+
+
+class TextStream:
+    """The text of a growing token sequence, exactly as :meth:`Target.detokenize` renders it
+    (leading-space and clean-up rules apply to the whole sequence), without rebuilding ctypes
+    arrays per call: tokens and the text buffer are kept and grown by doubling."""
+
+    def __init__(self, vocab) -> None:
+        self._vocab = vocab
+        self._toks = (llama_cpp.llama_token * 256)()
+        self._n = 0
+        self._buf = ctypes.create_string_buffer(2048)
+
+    def extend(self, tokens: Sequence[int]) -> str:
+        """Append tokens; return the whole text so far."""
+        need = self._n + len(tokens)
+        if need > len(self._toks):
+            grown = (llama_cpp.llama_token * max(need, 2 * len(self._toks)))()
+            ctypes.memmove(grown, self._toks, self._n * ctypes.sizeof(llama_cpp.llama_token))
+            self._toks = grown
+        for i, t in enumerate(tokens):
+            self._toks[self._n + i] = int(t)
+        self._n = need
+        for _ in range(2):
+            n = llama_cpp.llama_detokenize(self._vocab, self._toks, self._n, self._buf, len(self._buf), False, False)
+            if n >= 0:
+                return self._buf.raw[:n].decode("utf-8", "replace")
+            self._buf = ctypes.create_string_buffer(max(-n, 2 * len(self._buf)))
+        raise MoaError("llama_detokenize failed")
 
 
 class Target:
@@ -94,10 +144,12 @@ class Target:
         self._batch: Optional[LlamaBatch] = None
         self._cap = None
         self._max_exact_rows: Optional[int] = None
+        self._logits_types: dict = {}
         self.path = path
         self.flash_attn = bool(flash_attn)
         self.kv_unified = bool(kv_unified)
         self.repack = True  # llama.cpp weight repacking (use_extra_bufts); from_path(repack=False) clears it
+        self.n_gpu_layers = 0  # layers offloaded (from_path sets it; from_llama keeps the Llama's own choice unknown)
         try:
             self._init_context(n_ctx, n_batch, n_ubatch, n_threads, n_seq_max, cache_type, install_callback)
         except BaseException:
@@ -153,14 +205,16 @@ class Target:
         mparams.n_gpu_layers = n_gpu_layers
         mparams.use_mmap = use_mmap
         mparams.use_extra_bufts = repack
+        _recent_errors.clear()
         model = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), mparams)
         if not model:
             raise MoaError(f"llama.cpp could not load the model {p} (not a GGUF, unsupported architecture or "
-                           "truncated file; pass verbose=True for llama.cpp's log)")
+                           f"truncated file; pass verbose=True for llama.cpp's log){llama_errors()}")
         tgt = cls(model, p, owns_model=True, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                   n_threads=n_threads, n_seq_max=n_seq_max, cache_type=cache_type,
                   install_callback=install_callback, flash_attn=flash_attn, kv_unified=kv_unified)
         tgt.repack = bool(repack)
+        tgt.n_gpu_layers = int(n_gpu_layers)
         return tgt
 
     @classmethod
@@ -351,6 +405,10 @@ class Target:
             n_max = -n
         raise MoaError("llama_tokenize failed")
 
+    def text_stream(self) -> "TextStream":
+        """An incremental :meth:`detokenize` for streaming (see :class:`TextStream`)."""
+        return TextStream(self._vocab)
+
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
         """Text of ``tokens``; ``special`` renders special tokens."""
         arr = (llama_cpp.llama_token * len(tokens))(*[int(t) for t in tokens])
@@ -411,8 +469,14 @@ class Target:
             n_rows = check(lib.moa_capture_n_rows(self._cap))
             if n_rows != n:
                 raise MoaError(f"capture inconsistent: {n_rows} rows captured for a {n}-token decode")
+        rows = 1 if last_only else n
         ptr = llama_cpp.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(1 if last_only else n, self.n_vocab)).copy()
+        # one ctypes array type per row count, made once (np.ctypeslib.as_array builds one per call)
+        arr_t = self._logits_types.get(rows)
+        if arr_t is None:
+            arr_t = self._logits_types[rows] = ctypes.c_float * (rows * self.n_vocab)
+        buf = arr_t.from_address(ctypes.cast(ptr, ctypes.c_void_p).value)
+        return np.frombuffer(buf, dtype=np.float32).reshape(rows, self.n_vocab).copy()
 
     @property
     def n_captured(self) -> int:

@@ -235,7 +235,9 @@ class SpeculativeLoop:
                 st.auto_choices.get(cfg.chain if cfg.mode == "chain" else 0, 0) + 1
         else:
             cfg = policy.choose(None)
-        left = min(g.max_tokens - g.generated, room)
+        # a chain longer than the tokens left, the free context or the exact batch size would
+        # only waste drafter work: ask for no more than fits
+        left = min(g.max_tokens - g.generated, room, g.max_rows - 1 - len(g.carry))
         if cfg.mode == "chain" and cfg.chain > left:
             cfg = DraftConfig("chain", chain=left) if left > 0 else NO_DRAFT
         return cfg

@@ -1,0 +1,296 @@
+"""How many rows a verification batch may have while staying bit-identical to plain decoding.
+
+Greedy speculative decoding verifies the root and k drafts in ONE ``llama_decode`` and is
+lossless only if every row of that batch has exactly the logits the same token gets in a
+one-token decode. Whether it does depends on the model's weight types and on llama.cpp's CPU
+kernels, which switch with the number of rows: measured on this CPU (flash attention on),
+SmolLM2-135M Q4_1 / Q8_0 are exact up to 63 rows, while the Q4_K_M models (Qwen2.5-Coder
+0.5B / 1.5B, Gemma-3-270M) are exact up to 3 rows only with llama.cpp's weight repacking (its
+default: from 4 rows the repacked Q4_K GEMM takes over) and up to 7 without it.
+
+:func:`measure_exact_rows` finds the largest batch size R such that every b in 1..R is exact on
+a few realistic token windows (tokens of a tokenized text after a context prefix, not constant
+ids); :func:`exact_rows` caches the result on disk per (model file, threads, flash attention,
+repacking, llama-cpp-python version, backend/device) in :func:`moa_cpp.models.cache_dir`, so it
+is measured once per model on a machine.
+
+Example::
+
+    from moa_cpp.exactness import exact_rows
+    R = exact_rows(target)        # e.g. 63 for SmolLM2 Q4_1, 3 for Qwen2.5 Q4_K_M
+    # verify at most R rows per batch (root + R-1 drafts) for bit-exact greedy output
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Optional
+
+import llama_cpp
+import numpy as np
+
+from .errors import InvalidArgumentError
+from .target import Target
+
+# Three different realistic windows: prose, code, chat-style text. Each is tokenized (with BOS)
+# and cut into a context prefix (the PREFIXES entry) and the rows under test.
+TEXTS = (
+    "Speculative decoding speeds up inference of large language models without changing their "
+    "output. A small draft model proposes several tokens ahead, and the large target model checks "
+    "all of them in a single forward pass. Every proposed token that matches what the target would "
+    "have produced is accepted; at the first mismatch the target's own token is emitted instead, "
+    "so each cycle yields at least one token and often several. The method works because a forward "
+    "pass over a handful of tokens costs little more than a pass over one token when decoding is "
+    "limited by memory bandwidth rather than by arithmetic. On a laptop CPU the weights of a "
+    "quantized model are read from memory once per pass, whether the batch holds one row or eight, "
+    "and the extra rows mostly reuse data that is already in the cache. The catch is that the "
+    "verification pass must compute exactly the same numbers as ordinary decoding; otherwise the "
+    "output can drift whenever two candidate tokens are nearly tied.",
+    "import numpy as np\n\n\ndef softmax(x, axis=-1):\n    \"\"\"Numerically stable softmax.\"\"\"\n"
+    "    x = np.asarray(x, dtype=np.float64)\n    m = x.max(axis=axis, keepdims=True)\n"
+    "    e = np.exp(x - m)\n    return e / e.sum(axis=axis, keepdims=True)\n\n\n"
+    "class RunningMean:\n    def __init__(self):\n        self.n = 0\n        self.total = 0.0\n\n"
+    "    def update(self, value):\n        self.n += 1\n        self.total += float(value)\n"
+    "        return self.total / self.n\n\n\ndef quicksort(xs):\n    if len(xs) <= 1:\n"
+    "        return list(xs)\n    pivot, *rest = xs\n    left = [x for x in rest if x < pivot]\n"
+    "    right = [x for x in rest if x >= pivot]\n    return quicksort(left) + [pivot] + quicksort(right)\n\n\n"
+    "if __name__ == \"__main__\":\n    data = [5, 3, 8, 1, 9, 2]\n    print(quicksort(data))\n"
+    "    print(softmax([1.0, 2.0, 3.0]))\n    mean = RunningMean()\n    for v in data:\n"
+    "        print(mean.update(v))\n",
+    "User: What is the difference between a list and a tuple in Python?\nAssistant: A list is "
+    "mutable: you can append, remove or change its elements after it is created, and it is written "
+    "with square brackets, like [1, 2, 3]. A tuple is immutable: once created, its elements cannot "
+    "be changed, and it is written with parentheses, like (1, 2, 3). Because tuples cannot change, "
+    "they can be used as dictionary keys and stored in sets, while lists cannot. Tuples are also a "
+    "little faster to create and use slightly less memory.\nUser: When should I use each one?\n"
+    "Assistant: Use a list for a collection of similar items whose size or contents will change, "
+    "such as the lines of a file you are reading or the results you are collecting in a loop. Use a "
+    "tuple for a fixed group of values that belong together, such as a point (x, y), a date "
+    "(year, month, day) or a row returned from a database query.\n",
+)
+PREFIXES = (32, 72, 120)
+# The search: every size up to 8, then 16, 32, 63 (bisecting after a failure among those).
+SMALL_STEPS = 8
+JUMPS = (16, 32, 63)
+_CACHE_NAME = "exact_rows.json"
+
+
+def _windows(target: Target, max_rows: int, n_texts: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    out = []
+    for text, prefix in list(zip(TEXTS, PREFIXES))[:n_texts]:
+        ids = target.tokenize(text, add_bos=True)
+        more = target.tokenize(text, add_bos=False)
+        while len(ids) < prefix + max_rows:      # short tokenization: continue with the text again
+            ids = np.concatenate([ids, more])
+        out.append((ids[:prefix].astype(np.int32), ids[prefix: prefix + max_rows].astype(np.int32)))
+    return out
+
+
+class _Window:
+    """One token window: the context prefix in the KV cache, single-token reference logits of
+    the rows (computed lazily, one decode per row), batch checks against them."""
+
+    def __init__(self, target: Target, ctx: np.ndarray, rows: np.ndarray) -> None:
+        self.t = target
+        self.ctx, self.rows = ctx, rows
+        self.p = len(ctx)
+        self.refs: list[np.ndarray] = []
+        target.clear()
+        if "logits" in inspect.signature(target.decode).parameters:   # the context only fills the KV
+            target.decode(ctx, capture=False, logits="last")
+        else:  # pragma: no cover - older Target
+            target.decode(ctx, capture=False)
+
+    def _refs_upto(self, n: int) -> None:
+        if len(self.refs) >= n:
+            return
+        t, p = self.t, self.p
+        t.rollback(p)
+        refs = []
+        for i in range(n):   # one token at a time, as plain decoding does
+            refs.append(t.decode(self.rows[i: i + 1], [p + i], capture=False)[0])
+        t.rollback(p)
+        self.refs = refs
+
+    def diffs(self, b: int, prefetch: int = 0) -> np.ndarray:
+        """Per-row max |batch - single| of a ``b``-row batch (0.0 = bit-identical; inf = NaN
+        or other non-equal non-finite)."""
+        self._refs_upto(max(b, prefetch))
+        t, p = self.t, self.p
+        t.rollback(p)
+        lg = t.decode(self.rows[:b], np.arange(p, p + b, dtype=np.int32), capture=False)
+        t.rollback(p)
+        out = np.zeros(b)
+        for i in range(b):
+            if not np.array_equal(lg[i], self.refs[i]):
+                with np.errstate(invalid="ignore"):
+                    d = np.abs(lg[i].astype(np.float64) - self.refs[i])
+                out[i] = float(d.max()) if np.isfinite(d).all() else float("inf")
+        return out
+
+
+def _clamp_rows(target: Target, max_rows: int) -> int:
+    if max_rows < 1:
+        raise InvalidArgumentError(f"max_rows must be >= 1, got {max_rows}")
+    return min(max_rows, target.n_batch, target.n_ctx - max(PREFIXES) - 1)
+
+
+def _plan(cap: int) -> list[int]:
+    """Sizes to test up to ``cap``: 1..8, then 16, 32, 63 (clipped to ``cap``) and ``cap``."""
+    small = list(range(1, min(SMALL_STEPS, cap) + 1))
+    jumps = sorted({min(j, cap) for j in JUMPS} | {cap}) if cap > SMALL_STEPS else []
+    return small + jumps
+
+
+def measure_exact_rows(target: Target, max_rows: int = 63, *, n_texts: int = 3, exhaustive: bool = False,
+                       details: Optional[dict] = None) -> int:
+    """The largest R <= ``max_rows`` such that, for every b in 1..R, each row of a b-row decode
+    (after a context prefix) has logits bit-identical (``np.array_equal``) to the same token
+    decoded alone, on ``n_texts`` token windows of realistic text. 0 if even one-row decodes
+    are not reproducible.
+
+    Search (cheap: once per model on a machine): b = 1..8 one by one, then 16, 32, 63, bisecting
+    between the last exact and the first inexact size; it stops at the first failure, so a model
+    exact to 3 rows costs each window ~8 one-token decodes and 4 small batches. Sizes between
+    the checkpoints are assumed to behave like their neighbours (llama.cpp's kernels switch at
+    row-count thresholds); ``exhaustive=True`` tests every size instead. Windows are checked one
+    after another, each bounded by the previous result.
+
+    ``details``, if given, receives ``first_failure`` (the smallest inexact b found, or None),
+    ``max_abs_diff`` (its largest row difference), ``window`` (which window failed), ``tested``
+    (sizes decoded per window) and ``seconds``. Leaves the target's KV cache empty.
+    """
+    cap = _clamp_rows(target, max_rows)
+    t0 = time.perf_counter()
+    best = cap
+    first_fail, fail_diff, fail_win, tested = None, 0.0, None, []
+    try:
+        for w, (ctx, rows) in enumerate(_windows(target, cap, n_texts)):
+            if best == 0:
+                break
+            win = _Window(target, ctx, rows)
+            plan = list(range(1, best + 1)) if exhaustive else _plan(best)
+            good, bad, bad_diff, sizes = 0, None, 0.0, []
+            for b in plan:
+                # references for several sizes at once: all sizes (exhaustive) or the small steps
+                d = win.diffs(b, prefetch=best if exhaustive else min(SMALL_STEPS, best) if b <= SMALL_STEPS else 0)
+                sizes.append(b)
+                if d.max() > 0:
+                    bad, bad_diff = b, float(d.max())
+                    break
+                good = b
+            while bad is not None and bad - good > 1:   # a failure after a jump: bisect
+                mid = (good + bad) // 2
+                d = win.diffs(mid)
+                sizes.append(mid)
+                if d.max() > 0:
+                    bad, bad_diff = mid, float(d.max())
+                else:
+                    good = mid
+            tested.append(sizes)
+            if bad is not None and (first_fail is None or bad <= first_fail):
+                first_fail, fail_diff, fail_win = bad, bad_diff, w
+            best = min(best, good)
+    finally:
+        target.clear()
+    if details is not None:
+        details.update(first_failure=first_fail, max_abs_diff=fail_diff, window=fail_win, tested=tested,
+                       seconds=time.perf_counter() - t0, max_rows=cap)
+    return best
+
+
+def batch_row_diffs(target: Target, b: int, *, window: int = 0) -> np.ndarray:
+    """Per-row max |logits in a ``b``-row batch - logits of the same token decoded alone| on
+    token window ``window`` (0..2) of :data:`TEXTS`; zeros = bit-identical. Leaves the KV cache
+    empty."""
+    if not 0 <= window < len(TEXTS):
+        raise InvalidArgumentError(f"window must be in [0, {len(TEXTS)})")
+    if not 1 <= b <= _clamp_rows(target, b):
+        raise InvalidArgumentError(f"b = {b} rows do not fit this target's batch/context")
+    try:
+        ctx, rows = _windows(target, b, window + 1)[window]
+        return _Window(target, ctx, rows).diffs(b)
+    finally:
+        target.clear()
+
+
+# ---------------------------------------------------------------------- cache
+
+
+def _device_tag(target: Target) -> str:
+    """Backend/device identity: CPU architecture, llama.cpp's system info (the ISA features its
+    CPU kernels are chosen by), whether the build can offload to a GPU and, where the Target
+    records it, how many layers it offloads."""
+    try:
+        info = llama_cpp.llama_print_system_info()
+        info = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
+        offload = int(bool(llama_cpp.llama_supports_gpu_offload()))
+    except Exception:  # pragma: no cover - older bindings
+        info, offload = "", "?"
+    gpu = getattr(target, "n_gpu_layers", None)
+    h = hashlib.sha256(info.encode()).hexdigest()[:12]
+    return f"{platform.machine()}|sys:{h}|offload{offload}|ngl{gpu if gpu is not None else '?'}"
+
+
+def cache_key(target: Target) -> str:
+    """The settings an exactness measurement depends on."""
+    p = Path(target.path).resolve()
+    st = p.stat()
+    return (f"{p}|{st.st_size}|{st.st_mtime_ns}|t{target.n_threads}|fa{int(target.flash_attn)}"
+            f"|repack{int(bool(getattr(target, 'repack', True)))}|llama-cpp-python {llama_cpp.__version__}"
+            f"|{_device_tag(target)}")
+
+
+def _cache_file() -> Path:
+    from .models import cache_dir
+    return cache_dir() / _CACHE_NAME
+
+
+def _load() -> dict:
+    f = _cache_file()
+    if not f.is_file():
+        return {}
+    try:
+        data = json.loads(f.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def cached_exact_rows(target: Target, max_rows: int = 63) -> Optional[int]:
+    """The cached result for this target and ``max_rows``, or None (nothing cached, or cached
+    for a smaller ``max_rows`` that was exact throughout)."""
+    e = _load().get(cache_key(target))
+    if not isinstance(e, dict) or "exact_rows" not in e:
+        return None
+    r, tested_to = int(e["exact_rows"]), int(e.get("max_rows", 0))
+    cap = _clamp_rows(target, max_rows)
+    if r < tested_to or tested_to >= cap:      # a failure was found, or the range is covered
+        return min(r, cap)
+    return None
+
+
+def exact_rows(target: Target, max_rows: int = 63, *, use_cache: bool = True) -> int:
+    """:func:`measure_exact_rows` of ``target``, measured once and cached on disk
+    (``exact_rows.json`` in :func:`moa_cpp.models.cache_dir`)."""
+    if use_cache:
+        hit = cached_exact_rows(target, max_rows)
+        if hit is not None:
+            return hit
+    info: dict = {}
+    r = measure_exact_rows(target, max_rows, details=info)
+    if use_cache:
+        data = _load()
+        data[cache_key(target)] = {"exact_rows": r, "max_rows": info["max_rows"],
+                                   "first_failure": info["first_failure"], "max_abs_diff": info["max_abs_diff"],
+                                   "seconds": round(info["seconds"], 3), "measured_at": int(time.time())}
+        f = _cache_file()
+        tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, f)
+    return r
