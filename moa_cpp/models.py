@@ -25,7 +25,7 @@ import importlib.metadata as md
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import llama_cpp
 
@@ -244,7 +244,7 @@ def qwen25_coder_15b_path() -> Path:
 
 
 def requantize(src: Union[str, os.PathLike], dst: Union[str, os.PathLike], qtype: str = "q8_0",
-               n_threads: int = 0) -> Path:
+               n_threads: int = 0, verbose: Optional[bool] = None) -> Path:
     """Re-quantize ``src`` to ``qtype`` ("q8_0", "f16", "f32", "q4_k_m") at ``dst`` with
     ``llama_model_quantize`` (quantized inputs are dequantized first: allow_requantize).
     Returns ``dst``; raises MoaError if llama.cpp fails."""
@@ -254,6 +254,9 @@ def requantize(src: Union[str, os.PathLike], dst: Union[str, os.PathLike], qtype
     if not src_p.is_file():
         raise MoaIOError(f"requantize: {src_p} not found")
     dst_p.parent.mkdir(parents=True, exist_ok=True)
+    from . import target as _t
+    if verbose is not None or not _t._log_chosen:   # llama.cpp prints a line per tensor (hundreds)
+        _t.set_llama_log(bool(verbose))
     params = llama_cpp.llama_model_quantize_default_params()
     params.nthread = n_threads
     params.ftype = _FTYPES[qtype]

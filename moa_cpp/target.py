@@ -143,7 +143,8 @@ class Target:
         self._ctx = None
         self._batch: Optional[LlamaBatch] = None
         self._cap = None
-        self._max_exact_rows: Optional[int] = None
+        self._max_exact_rows: Optional[int] = None   # declared by a caller (overrides measuring)
+        self._exact_known: dict = {}                   # upto -> measured exact rows
         self._logits_types: dict = {}
         self.path = path
         self.flash_attn = bool(flash_attn)
@@ -349,19 +350,26 @@ class Target:
         """Factor llama.cpp applies to token_embd rows before layer 0 (Gemma: sqrt(n_embd), else 1)."""
         return embedding_scale(self.arch, self.n_embd)
 
+    def exact_rows(self, upto: int = MAX_VERIFY_ROWS) -> int:
+        """Largest decode batch (at most ``upto`` rows) whose every row's logits equal a
+        single-token decode's bit for bit: lossless greedy verification stays within it.
+        Measured once per model file, build, threads and settings and cached on disk
+        (:mod:`moa_cpp.exactness`); asking only as far as needed keeps the measurement short
+        (the cost-aware default needs 9 rows, a 62-node tree 63). Uses the KV cache: call it
+        between generations."""
+        upto = max(1, min(MAX_VERIFY_ROWS, int(upto)))
+        if self._max_exact_rows is not None:
+            return min(self._max_exact_rows, upto)
+        known = self._exact_known.get(upto)
+        if known is None:
+            from .exactness import exact_rows
+            known = self._exact_known[upto] = min(upto, int(exact_rows(self, upto)))
+        return known
+
     @property
     def max_exact_rows(self) -> int:
-        """Largest decode batch whose every row's logits equal a single-token decode's bit for
-        bit (lossless greedy verification stays within it). Measured once per model file,
-        build, threads and settings and cached on disk (:mod:`moa_cpp.exactness`); at most
-        :data:`MAX_VERIFY_ROWS`."""
-        if self._max_exact_rows is None:
-            try:
-                from .exactness import exact_rows
-            except ImportError:                 # pragma: no cover - during the move
-                return MAX_VERIFY_ROWS
-            self._max_exact_rows = min(MAX_VERIFY_ROWS, int(exact_rows(self)))
-        return self._max_exact_rows
+        """:meth:`exact_rows` up to :data:`MAX_VERIFY_ROWS` (63)."""
+        return self.exact_rows(MAX_VERIFY_ROWS)
 
     @max_exact_rows.setter
     def max_exact_rows(self, rows: int) -> None:

@@ -355,7 +355,7 @@ def test_hub_repo_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 def _spec(**kw: Any) -> "DrafterSpec":
     """A fixture-sized drafter spec (d 64, H 4, D 16, 2 KV heads, 4 layers) with overrides."""
-    from moa_cpp.random_drafter import DrafterSpec
+    from moa_cpp.drafter_spec import DrafterSpec
     base = dict(d=64, n_head=4, head_dim=16, target_kv=2, target_layers=4, rms_eps=1e-5, rope_theta=100000.0,
                 vocab_size=49152, embedding_scale=1.0, sa_kv=2, sa_ffn=96, ca_kv=2, ca_ffn=96, lsa_heads=4,
                 lsa_kv=2, lsa_ffn=64)

@@ -148,3 +148,32 @@ def test_native_calls_release_the_gil(drafter_paths, fixture_dir):
         if ratios[-1] < 0.5:
             break
     assert min(ratios) < 0.5, ratios
+
+
+def test_two_generators_share_one_drafter_model_across_threads(drafter_paths):
+    """What the server does: one DrafterModel, one SpeculativeGenerator (own target context and
+    drafter state) per thread. Concurrent generations equal sequential ones, greedy and sampled."""
+    from moa_cpp.generator import SpeculativeGenerator
+    from moa_cpp.target import Target
+
+    paths, target_path = drafter_paths
+    model = DrafterModel(paths["f16"], target_path)
+    gens = [SpeculativeGenerator(Target.from_path(target_path, n_ctx=256, n_batch=64, flash_attn=False), model,
+                                 draft=d) for d in ("chain:3", "tree:3,2,6")]
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7, 6, 5]]
+    kw = [dict(max_tokens=24), dict(max_tokens=24, temperature=0.8, seed=5)]
+
+    def job(i: int) -> list:
+        return gens[i].generate(prompts[i], **kw[i]).tokens
+
+    sequential = [job(0), job(1)]
+    for _ in range(3):
+        results: list = [None, None]
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, job(i))) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert results == sequential
+    for g in gens:
+        g.close()

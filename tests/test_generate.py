@@ -161,11 +161,42 @@ def test_cli_generate_json(fx):
     assert len(set(map(tuple, out.values()))) == 1          # every mode: the same greedy output
 
 
+def test_cli_llama_cpp_spellings_and_draft_model(fx):
+    """llama.cpp's flags (-md, -n, -c, -t, --draft-max) mean what they mean there; -md given a
+    plain LLM GGUF runs draft-model speculation (the target as its own draft model: every draft
+    is accepted); llama.cpp's log lines appear only with --verbose; the text mode's summary line
+    says what the draft policy chose."""
+    g, _, tgt_path, drafter = fx
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "moa_cpp.cli", "generate", "-m", str(tgt_path),
+                               "-p", "The quick brown fox", *args], capture_output=True, text=True, timeout=300)
+
+    long = run("-d", str(drafter), "--chain", "3", "--max-tokens", "12", "--n-ctx", "512", "--threads", "1", "--json")
+    short = run("-md", str(drafter), "--draft-max", "3", "-n", "12", "-c", "512", "-t", "1", "--json")
+    assert long.returncode == 0 and short.returncode == 0, short.stderr
+    a, b = json.loads(long.stdout.splitlines()[-1]), json.loads(short.stdout.splitlines()[-1])
+    assert a["tokens"] == b["tokens"] and b["draft"] == "chain:3" and b["n_tokens"] == 12
+    dm = run("-md", str(tgt_path), "--draft-max", "3", "-n", "12", "--json")
+    assert dm.returncode == 0, dm.stderr
+    d = json.loads(dm.stdout.splitlines()[-1])
+    assert d["tokens"] == a["tokens"] and d["tau"] > 2.5          # its own drafts: all accepted
+    quiet = run("-d", str(drafter), "--no-draft", "-n", "4")
+    loud = run("-d", str(drafter), "--no-draft", "-n", "4", "--verbose")
+    assert quiet.returncode == 0 and loud.returncode == 0
+    assert "llama_model_loader" not in quiet.stderr and "llama_model_loader" in loud.stderr
+    assert "tok/s; plain decoding (no drafts asked for)]" in quiet.stderr
+
+
 @pytest.mark.parametrize("args,msg", [
     (["--tree", "6,8"], "DEPTH,TOPK,TOTAL"),
     (["--chain", "0"], "positive"),
     (["--chain", "2", "--tree", "1,1,1"], "not allowed with"),
     (["--max-tokens", "-3"], "positive"),
+    (["-n", "0"], "positive"),
+    (["-t", "0"], "positive"),
+    (["--draft-max", "2", "--tree", "1,1,1"], "not allowed with"),
+    (["--draft-model", "x.gguf"], "not both"),
 ])
 def test_cli_generate_bad_args(fx, args, msg):
     _, _, tgt_path, drafter = fx

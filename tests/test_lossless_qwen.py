@@ -53,9 +53,10 @@ def test_batches_are_capped_at_the_measured_exact_size(qwen):
     t, prompts, _ = qwen
     r = t.max_exact_rows
     assert 2 <= r < 63, r            # K-quant rows differ in large batches: the cap is real here
-    # rows of an r-row batch equal single decodes; the loop's cap is exactly r
+    # the loop caps verification at exactly r rows, whatever the draft shape asks for
     loop = SpeculativeLoop(t, None, DraftConfig("none"))
-    assert loop.max_batch_rows == r
+    assert loop.batch_rows(DraftConfig("chain", chain=8)) == r
+    assert loop.batch_rows(DraftConfig("tree", depth=4, topk=2, total=8)) == r
 
 
 @pytest.mark.parametrize("rate", [0.8, 1.0])

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import CacheFullError
 from ..target import MAX_VERIFY_ROWS, Target
-from .policy import CostAwarePolicy, FixedPolicy, make_policy
+from .policy import CostAwarePolicy, make_policy
 from .scorer import TargetScorer
 from .types import (NO_DRAFT, DraftConfig, Proposal, Proposer, SamplingParams, Scores, SpecStats, StepResult,
                     Verdict)
@@ -80,21 +80,22 @@ class SpeculativeLoop:
 
     # ------------------------------------------------------------------ settings
 
-    @property
-    def max_batch_rows(self) -> int:
-        """Largest verification batch (root + carry + drafts): the largest batch whose rows the
-        target computes bit-identically to single-token decodes (measured once per model, see
-        :attr:`Target.max_exact_rows`), so greedy speculation stays token-identical to plain
-        decoding. A target on which no batch of 2+ rows is exact (e.g. some F32 builds, GPUs)
-        gets the full 63 rows: there exactness is impossible without giving up speculation, and
-        greedy output can differ from plain decoding at near-ties only (``exact_batches`` False)."""
-        r = self.target.max_exact_rows
+    def batch_rows(self, cfg: DraftConfig) -> int:
+        """Largest verification batch (root + carry + drafts) for drafting ``cfg``: the largest
+        batch whose rows the target computes bit-identically to single-token decodes (measured
+        once per model, only as far as ``cfg`` needs: :meth:`Target.exact_rows`), so greedy
+        speculation stays token-identical to plain decoding. A target on which no batch of 2+
+        rows is exact (e.g. some F32 builds, GPUs) gets the full 63 rows: there exactness is
+        impossible without giving up speculation, and greedy output can differ from plain
+        decoding at near-ties only."""
+        need = MAX_VERIFY_ROWS if cfg.mode == "tree" else cfg.max_nodes + 1
+        r = self.target.exact_rows(need)
         return r if r >= 2 else MAX_VERIFY_ROWS
 
     @property
-    def exact_batches(self) -> bool:
-        """True if verification batches are bit-identical to single-token decodes on this target."""
-        return self.target.max_exact_rows >= 2
+    def max_batch_rows(self) -> int:
+        """:meth:`batch_rows` of the loop's default draft setting."""
+        return self.batch_rows(self.draft)
 
     def policy_for(self, cfg: DraftConfig):
         """The policy object of a draft setting (cost-aware ones persist across generations)."""
@@ -110,10 +111,10 @@ class SpeculativeLoop:
     def calibrate(self) -> None:
         """Measure (once, cached on disk) what the cost-aware policies need: T(k) and the exact
         batch size. Call it when a user is not waiting (after a CLI run, at server start)."""
-        for p in self._policies.values():
+        for key, p in self._policies.items():
             if isinstance(p, CostAwarePolicy):
                 p.calibrate(self.target)
-        _ = self.target.max_exact_rows
+                self.batch_rows(DraftConfig("auto", chain=p.k_max))
 
     # ------------------------------------------------------------------ prefill
 
@@ -129,12 +130,12 @@ class SpeculativeLoop:
             raise ValueError(f"the prompt ({prompt.size} tokens) does not fit the context ({tgt.n_ctx} positions)")
         cfg = (draft or self.draft) if self.proposer is not None else NO_DRAFT
         policy = self.policy_for(cfg)
-        drafting, why = policy.begin(tgt, self.proposer, lambda: max(0, self.max_batch_rows - 1))
+        drafting, why = policy.begin(tgt, self.proposer, lambda: max(0, self.batch_rows(cfg) - 1))
         g = Generation(max_tokens, sp, policy, np.random.default_rng(sp.seed) if not sp.greedy else None,
                        SpecStats(n_prompt=int(prompt.size), decision=why), drafting=drafting)
         if drafting:
             # before the prefill: measuring it (once per model, cached) uses the KV cache
-            g.max_rows = self.max_batch_rows
+            g.max_rows = self.batch_rows(cfg)
         capture = drafting and bool(getattr(self.proposer, "needs_capture", False))
         tgt.clear()
         if self.proposer is not None:

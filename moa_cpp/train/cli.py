@@ -83,7 +83,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     from ..convert import convert
     from ..errors import InvalidArgumentError
-    from ..random_drafter import spec_from_target
+    from ..drafter_spec import spec_from_target
     from .data import DataSettings, concat_datasets, generate_dataset, load_dataset
     from .target_torch import TorchTarget
     from .trainer import Trainer, TrainSettings, compute_features, resolve_device

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..random_drafter import DrafterSpec
+from ..drafter_spec import DrafterSpec
 from .target_torch import TorchTarget, apply_rope, rope_cos_sin
 
 __all__ = ["MoaDrafter", "DecoderLayer", "spec_from_config"]

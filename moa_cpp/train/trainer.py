@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..random_drafter import DrafterSpec
+from ..drafter_spec import DrafterSpec
 from .data import Dataset
 from .masks import bounded_masks
 from .model import MoaDrafter
