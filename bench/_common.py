@@ -243,3 +243,13 @@ def set_verify_cost(loop: Any, cfg: Any, verify_cost: dict) -> None:
         loop.policy_for(cfg).verify_cost = dict(verify_cost)
     else:                                            # older loop: one T(k) per loop
         loop._verify_cost = dict(verify_cost)
+
+
+def run_generation(loop, ids, max_tokens: int, sp, cfg=None):
+    """One generation through a SpeculativeLoop: (tokens, seconds, final stats)."""
+    toks, st = [], None
+    t0 = time.perf_counter()
+    for ev in loop.run(ids, max_tokens, sp, cfg):
+        toks += ev.tokens
+        st = ev.stats
+    return toks, time.perf_counter() - t0, st

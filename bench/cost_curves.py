@@ -60,8 +60,8 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (llama_greedy, md_table, open_llama, run_info, set_verify_cost, spec_api,  # noqa: E402
-                     usable_cores, write_results)
+from _common import (llama_greedy, md_table, open_llama, run_generation, run_info,  # noqa: E402
+                     set_verify_cost, spec_api, usable_cores, write_results)
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"qwen-1.5b": "qwen25_coder_15b_path", "qwen-0.5b": "qwen25_coder_05b_path", "smollm2": "smollm2_path",
@@ -301,12 +301,7 @@ def e2e(label: str, target, path: Path, tk: dict, micro: dict, args, threads: in
     llm = open_llama(path, n_ctx=args.n_ctx, threads=threads)
 
     def run_loop(loop, ids, cfg=None):
-        toks, st = [], None
-        t0 = time.perf_counter()
-        for ev in loop.run(ids, args.max_tokens, sp, cfg):
-            toks += ev.tokens
-            st = ev.stats
-        t = time.perf_counter() - t0
+        toks, t, st = run_generation(loop, ids, args.max_tokens, sp, cfg)
         return {"tokens": toks, "n": len(toks), "time": t, "tau": st.tau, "calls": st.target_calls,
                 "drafted": st.drafted, "accepted": st.accepted, "t_drafter": st.t_drafter, "t_target": st.t_target,
                 "t_prefill": st.t_prefill, "auto_choices": {str(k): v for k, v in st.auto_choices.items()},

@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (CallCounter, llama_greedy, md_table, open_llama, run_info, spec_api,  # noqa: E402
+from _common import (CallCounter, llama_greedy, md_table, open_llama, run_generation, run_info, spec_api,  # noqa: E402
                      usable_cores, write_results)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,12 +157,7 @@ def main(argv=None) -> int:
         gen = SpeculativeGenerator.from_paths(model, drafter, n_ctx=args.n_ctx, n_threads=threads, draft="auto:8")
 
     def run_loop(loop, ids, cfg=None):
-        toks, st = [], None
-        t0 = time.perf_counter()
-        for ev in loop.run(ids, args.max_tokens, sp, cfg):
-            toks += ev.tokens
-            st = ev.stats
-        return stats_record(toks, time.perf_counter() - t0, st)
+        return stats_record(*run_generation(loop, ids, args.max_tokens, sp, cfg))
 
     def run_llama(handle, ids, counter=None):
         if counter is not None:

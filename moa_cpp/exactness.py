@@ -23,7 +23,6 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 import platform
@@ -101,10 +100,9 @@ class _Window:
         self.p = len(ctx)
         self.refs: list[np.ndarray] = []
         target.clear()
-        if "logits" in inspect.signature(target.decode).parameters:   # the context only fills the KV
-            target.decode(ctx, capture=False, logits="last")
-        else:  # pragma: no cover - older Target
-            target.decode(ctx, capture=False)
+        for off in range(0, len(ctx), target.n_batch):   # the context only fills the KV cache
+            chunk = ctx[off: off + target.n_batch]
+            target.decode(chunk, np.arange(off, off + len(chunk), dtype=np.int32), capture=False, logits="last")
 
     def _refs_upto(self, n: int) -> None:
         if len(self.refs) >= n:

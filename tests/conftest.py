@@ -33,3 +33,13 @@ def fixture_dir() -> Path:
 @pytest.fixture(scope="session")
 def work_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("moa")
+
+
+@pytest.fixture(scope="session")
+def qwen05b_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M (the `models` extra), assembled once; skips if absent."""
+    from moa_cpp import models
+    try:
+        return models.qwen25_coder_05b_path()
+    except models.ModelNotInstalledError as e:
+        pytest.skip(str(e))

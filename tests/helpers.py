@@ -51,3 +51,19 @@ def rewrite_gguf(src: Path, dst: Path, *, kv: Optional[dict] = None, drop_tensor
     w.write_tensors_to_file()
     w.close()
     return dst
+
+
+def fixture_generator(fixture_dir: Path, out_dir: Path, *, n_ctx: int, draft: Optional[str] = None):
+    """(golden outputs, SpeculativeGenerator) on the fixture target with its converted F32
+    drafter; flash attention off to match the HF reference's greedy continuation exactly."""
+    from moa_cpp.convert import convert
+    from moa_cpp.drafter import DrafterModel
+    from moa_cpp.generator import SpeculativeGenerator
+    from moa_cpp.target import Target
+
+    tgt_path = fixture_dir / "target-f32.gguf"
+    drafter = convert(fixture_dir / "drafter_hf", out_dir / "d.gguf", outtype="f32", target_gguf=tgt_path,
+                      progress=False)
+    target = Target.from_path(tgt_path, n_ctx=n_ctx, n_batch=128, flash_attn=False)
+    gen = SpeculativeGenerator(target, DrafterModel(drafter, tgt_path), draft=draft)
+    return dict(np.load(fixture_dir / "golden.npz")), gen

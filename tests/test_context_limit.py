@@ -3,25 +3,15 @@ no exception, and the KV caches are not corrupted (the next generation is unaffe
 trees and sampling, on the fixture target with a tiny context."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
-
-from moa_cpp.convert import convert
-from moa_cpp.drafter import DrafterModel
-from moa_cpp.generator import SpeculativeGenerator
-from moa_cpp.target import Target
+from helpers import fixture_generator
 
 
 @pytest.fixture(scope="module")
 def fx(fixture_dir, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("MOA_CPP_CACHE", str(tmp_path_factory.mktemp("cache")))
-    tgt_path = fixture_dir / "target-f32.gguf"
-    drafter = convert(fixture_dir / "drafter_hf", tmp_path_factory.mktemp("ctx") / "d.gguf", outtype="f32",
-                      target_gguf=tgt_path, progress=False)
-    target = Target.from_path(tgt_path, n_ctx=256, n_batch=128, flash_attn=False)
-    gen = SpeculativeGenerator(target, DrafterModel(drafter, tgt_path))
-    g = dict(np.load(fixture_dir / "golden.npz"))
+    g, gen = fixture_generator(fixture_dir, tmp_path_factory.mktemp("ctx"), n_ctx=256)
     yield g, gen
     gen.close()
     mp.undo()

@@ -36,12 +36,8 @@ def smollm2():
 
 
 @pytest.fixture(scope="module")
-def qwen05():
-    try:
-        path = models.qwen25_coder_05b_path()
-    except models.ModelNotInstalledError as e:
-        pytest.skip(str(e))
-    t = Target.from_path(path, n_ctx=512, n_threads=1, install_callback=False)
+def qwen05(qwen05b_path):
+    t = Target.from_path(qwen05b_path, n_ctx=512, n_threads=1, install_callback=False)
     yield t
     t.close()
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 
-from moa_cpp import models
 from moa_cpp.speculative.loop import SpeculativeLoop
 from moa_cpp.speculative.types import DraftConfig, SamplingParams
 from moa_cpp.target import Target
@@ -34,12 +33,8 @@ def _run(loop, ids, cfg=None):
 
 
 @pytest.fixture(scope="module")
-def qwen():
-    try:
-        path = models.qwen25_coder_05b_path()
-    except models.ModelNotInstalledError as e:
-        pytest.skip(str(e))
-    t = Target.from_path(path, n_ctx=512, n_batch=128, n_threads=2)
+def qwen(qwen05b_path):
+    t = Target.from_path(qwen05b_path, n_ctx=512, n_batch=128, n_threads=2)
     prompts = [t.tokenize(p).tolist() for p in PROMPTS]
     prompts += [t.tokenize(t.apply_chat_template([{"role": "user", "content": p}]), add_bos=False,
                            special=True).tolist() for p in CHAT]

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import fixture_generator
 
-from moa_cpp.convert import convert
-from moa_cpp.drafter import DrafterModel
-from moa_cpp.generator import SpeculativeGenerator
 from moa_cpp.speculative import policy as pol
 from moa_cpp.speculative.loop import SpeculativeLoop
 from moa_cpp.speculative.policy import (AcceptanceEstimate, CostAwarePolicy, best_chain_length,
                                         expected_tokens)
 from moa_cpp.speculative.types import DraftConfig, SamplingParams
-from moa_cpp.target import Target
 from moa_cpp.testing.oracle import OracleProposer
 
 # T(k) / T(1) tables measured on this project's 2-core CPU (issue 9):
@@ -128,12 +125,7 @@ def test_cost_aware_explores_again_after_early_misses():
 def fx(fixture_dir, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("MOA_CPP_CACHE", str(tmp_path_factory.mktemp("cache")))
-    tgt_path = fixture_dir / "target-f32.gguf"
-    drafter = convert(fixture_dir / "drafter_hf", tmp_path_factory.mktemp("pol") / "d.gguf", outtype="f32",
-                      target_gguf=tgt_path, progress=False)
-    target = Target.from_path(tgt_path, n_ctx=512, n_batch=128, flash_attn=False)
-    g = dict(np.load(fixture_dir / "golden.npz"))
-    gen = SpeculativeGenerator(target, DrafterModel(drafter, tgt_path), draft="auto:6")
+    g, gen = fixture_generator(fixture_dir, tmp_path_factory.mktemp("pol"), n_ctx=512, draft="auto:6")
     yield g, gen
     gen.close()
     mp.undo()
