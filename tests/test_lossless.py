@@ -78,8 +78,8 @@ class Ctx:
         self.target = Target.from_path(path, n_ctx=512, n_batch=128)
         # exact: the loop caps verification batches at a size whose rows are bit-identical to
         # single decodes (measured per model); else near-ties are counted
-        rows = self.target.max_exact_rows
-        self.exact = rows >= 2
+        self.exact_rows = self.target.max_exact_rows
+        self.exact = self.exact_rows >= 2
         drafter_path = make_random_drafter(path, tmp / f"random-{name}.gguf", outtype="f16", seed=1)
         self.drafter = DrafterModel(drafter_path, path)
         self.state = DrafterState(self.drafter, n_ctx=512, n_draft_max=128, n_batch=128)
@@ -97,7 +97,8 @@ class Ctx:
             toks, st = run(plain, ids)
             self.refs.append((toks, st))
             self.ref_logits.append(rows)   # rows[i] produced generated token i + 1
-        self.noise = batch_noise(self.target, self.prompts[0], sizes=(2, min(8, rows)) if self.exact else (2, 8))
+        self.noise = batch_noise(self.target, self.prompts[0],
+                                 sizes=(2, min(8, self.exact_rows)) if self.exact else (2, 8))
 
     def check(self, i, toks, label, max_tokens=MAX_TOKENS):
         """Exact match, or (non-exact targets) a counted near-tie divergence."""
