@@ -275,7 +275,9 @@ def test_drafter_state_does_not_drift(ctx):
     fresh.commit(fresh_t.captured_lsa_in(), 0)
     k_new, v_new = fresh.ca_cache()
     assert k_loop.shape == k_new.shape
-    if ctx.exact:
+    # bit-identical only where the fresh decode's one batch of len(seq) rows is itself exact
+    strict = ctx.exact and ctx.exact_rows >= len(seq)
+    if strict:
         np.testing.assert_allclose(k_loop, k_new, rtol=0, atol=1e-3 * max(1.0, np.abs(k_new).max()))
         np.testing.assert_allclose(v_loop, v_new, rtol=0, atol=1e-3 * max(1.0, np.abs(v_new).max()))
     # the target: the speculative context's next-token logits vs the fresh decode's
@@ -283,11 +285,14 @@ def test_drafter_state_does_not_drift(ctx):
     last_loop = ctx.target.decode([nxt], [n_ca], capture=False)[0]
     fresh_next = fresh_t.decode([nxt], [n_ca], capture=False)[0]
     diff = float(np.abs(last_loop - fresh_next).max())
-    if ctx.exact:
+    fresh_t.close()
+    if strict:
         assert diff == 0.0
     else:
-        assert diff <= ctx.noise, f"target drift {diff:.3f} above the measured batch noise {ctx.noise:.3f}"
-    fresh_t.close()
+        # the noise of batches larger than the exact size (the fresh decode is one such batch)
+        noise = ctx.noise if not ctx.exact else batch_noise(ctx.target, ctx.prompts[0],
+                                                            sizes=(2, 8, min(len(seq), 64)))
+        assert diff <= noise, f"target drift {diff:.3f} above the measured batch noise {noise:.3f}"
 
 
 def test_long_context_near_ties_counted(tmp_path):
