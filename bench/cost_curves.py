@@ -263,10 +263,12 @@ def e2e(label: str, target, path: Path, tk: dict, micro: dict, args, threads: in
     print(f"  exact verification rows: {cap_rows} ({time.perf_counter() - t0:.1f} s)", flush=True)
     if args.uncapped:
         target.max_exact_rows = 64
-    # the loop's rule (SpeculativeLoop.batch_rows): no exact 2-row batch at all -> full batches,
-    # greedy output equal to plain decoding except at near-ties (counted below as "= plain")
-    loop_rows = 64 if args.uncapped else (cap_rows if cap_rows >= 2 else 63)
-    if cap_rows < 2 and not args.uncapped:
+    # the loop's own rule (no exact 2-row batch at all -> full batches; greedy output equal to
+    # plain decoding except at near-ties, counted below as "= plain")
+    loop_rows = Loop(target, None, DraftConfig("none")).batch_rows(DraftConfig("tree", depth=1, topk=1, total=1))
+    if args.uncapped:
+        loop_rows = 64
+    elif cap_rows < 2:
         print("  no batch of 2+ rows is bit-identical here: the loop verifies full batches "
               "(near-tie divergences possible, counted)", flush=True)
     k_cap = loop_rows - 1                                      # most drafts one verification may hold
