@@ -67,6 +67,20 @@ def is_moa_drafter(path: Union[str, Path]) -> bool:
     return field_ is not None and bytes(field_.parts[-1]).decode("utf-8", "replace") == "moa"
 
 
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """Characters at the end of ``text`` not to stream yet: an incomplete UTF-8 character
+    (rendered as U+FFFD until its last byte arrives) or the start of a stop string."""
+    n = 0
+    while n < len(text) and text[len(text) - 1 - n] == "\ufffd" and n < 3:
+        n += 1
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), n, -1):
+            if text.endswith(s[:k]):
+                n = k
+                break
+    return n
+
+
 @dataclass
 class GenerationResult:
     text: str
@@ -136,7 +150,11 @@ class SpeculativeGenerator:
     # ------------------------------------------------------------------ prompts
 
     def encode(self, prompt: Prompt, chat: bool = False) -> list:
-        """Prompt text (optionally wrapped in the target's chat template) or ids -> ids."""
+        """Prompt text (optionally wrapped in the target's chat template) or ids -> ids. With
+        ``chat``, ``prompt`` may also be a list of ``{"role", "content"}`` messages."""
+        if chat and isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+            text = self.target.apply_chat_template(list(prompt))
+            return self.target.tokenize(text, add_bos=False, special=True).tolist()
         if not isinstance(prompt, str):
             return [int(t) for t in prompt]
         if chat:
@@ -154,25 +172,31 @@ class SpeculativeGenerator:
         self._last_prompt = ids
         sp = SamplingParams(temperature, top_k, top_p, seed)
         cfg = parse_draft(draft) if draft is not None and self.proposer is not None else None
-        tokens: list = []
-        text = ""
+        stop = [s for s in stop if s]
+        shown = 0          # characters of the text handed out so far
         stats = None
         render = self.target.text_stream()
         for ev in self.loop.run(ids, max_tokens, sp, cfg):
             stats = ev.stats
             if not ev.tokens:
                 continue
-            tokens += ev.tokens
             full = render.extend(ev.tokens)
-            hit = min((full.find(s) for s in stop if s and s in full), default=-1)
+            # search only where a stop string could newly start
+            start = max(0, shown - max((len(s) for s in stop), default=0))
+            hit = min((i for i in (full.find(s, start) for s in stop) if i >= 0), default=-1)
             if hit >= 0:
-                piece = full[len(text):hit]
                 stats.finish_reason = "stop"
                 self.last_stats = stats
-                yield ev.tokens, piece
+                yield ev.tokens, full[shown:hit]
                 return
-            piece, text = full[len(text):], full
+            # hold back what may still become a stop string or a multi-byte character
+            end = len(full) - _held_back(full, stop)
+            piece, shown = full[shown:max(shown, end)], max(shown, end)
             yield ev.tokens, piece
+        if stats is not None:
+            tail = render.extend([])[shown:]
+            if tail:
+                yield [], tail
         self.last_stats = stats
 
     def stream(self, prompt: Prompt, **kw: Any) -> Iterator[str]:

@@ -150,6 +150,7 @@ class Target:
         self.flash_attn = bool(flash_attn)
         self.kv_unified = bool(kv_unified)
         self.repack = True  # llama.cpp weight repacking (use_extra_bufts); from_path(repack=False) clears it
+        self.rpc: tuple = ()   # rpc-server endpoints holding offloaded layers (from_path(rpc=...))
         self.n_gpu_layers = 0  # layers offloaded (from_path sets it; from_llama keeps the Llama's own choice unknown)
         try:
             self._init_context(n_ctx, n_batch, n_ubatch, n_threads, n_seq_max, cache_type, install_callback)
@@ -164,7 +165,8 @@ class Target:
                   n_gpu_layers: int = 0, *, n_batch: int = 512, n_ubatch: Optional[int] = None,
                   n_seq_max: int = 64, cache_type: str = "f16", use_mmap: bool = True,
                   install_callback: bool = True, verbose: Optional[bool] = None, flash_attn: bool = True,
-                  kv_unified: bool = True, repack: bool = True) -> "Target":
+                  kv_unified: bool = True, repack: bool = True,
+                  rpc: Optional[Sequence[str]] = None) -> "Target":
         """Load a GGUF target.
 
         Args:
@@ -191,6 +193,10 @@ class Target:
                 independent sequences decoded together (batched data generation).
             repack: let llama.cpp repack weights for its faster CPU kernels (default, as llama.cpp;
                 ``llama_model_params.use_extra_bufts``). False keeps the file's layout.
+            rpc: ``["host:port", ...]`` of llama.cpp ``rpc-server`` processes (``moa-cpp
+                rpc-server``): the offloaded layers (``n_gpu_layers``; -1 = all) are split over
+                them (llama.cpp's RPC backend; needs a build with ``GGML_RPC=ON``). K/V capture
+                works through it (the eval callback reads the tensors back).
 
         Raises:
             MoaIOError: the file does not exist.
@@ -206,8 +212,14 @@ class Target:
         mparams.n_gpu_layers = n_gpu_layers
         mparams.use_mmap = use_mmap
         mparams.use_extra_bufts = repack
+        devices = None
+        if rpc:
+            from .rpc import rpc_device_list
+            devices = rpc_device_list(rpc)          # kept alive until the model is loaded
+            mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
         _recent_errors.clear()
         model = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), mparams)
+        del devices
         if not model:
             raise MoaError(f"llama.cpp could not load the model {p} (not a GGUF, unsupported architecture or "
                            f"truncated file; pass verbose=True for llama.cpp's log){llama_errors()}")
@@ -216,7 +228,23 @@ class Target:
                   install_callback=install_callback, flash_attn=flash_attn, kv_unified=kv_unified)
         tgt.repack = bool(repack)
         tgt.n_gpu_layers = int(n_gpu_layers)
+        tgt.rpc = tuple(rpc or ())
         return tgt
+
+    def sibling(self, *, n_ctx: Optional[int] = None, n_threads: Optional[int] = None) -> "Target":
+        """Another context on this target's model (weights shared, not copied): one per
+        concurrent generation, e.g. a server's sessions. Keeps this Target's model alive."""
+        if self._model is None:
+            raise MoaError("the target is closed")
+        t = Target(self._model, self.path, owns_model=False, keep_alive=self,
+                   n_ctx=n_ctx or self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                   n_threads=n_threads if n_threads is not None else self.n_threads,
+                   n_seq_max=self.n_seq_max, cache_type=self.cache_type,
+                   install_callback=self._has_callback, flash_attn=self.flash_attn, kv_unified=self.kv_unified)
+        t.repack, t.n_gpu_layers, t.rpc = self.repack, self.n_gpu_layers, self.rpc
+        t._exact_known = self._exact_known          # same model, same build: same exactness
+        t._max_exact_rows = self._max_exact_rows
+        return t
 
     @classmethod
     def from_llama(cls, llm: "llama_cpp.Llama", *, n_ctx: Optional[int] = None, n_threads: Optional[int] = None,
@@ -288,7 +316,9 @@ class Target:
             raise MoaError(f"llama.cpp could not create a context for {self.path} (n_ctx {n_ctx}, n_batch {n_batch})")
         self.n_ctx: int = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch: int = n_batch
+        self.n_ubatch: int = n_ubatch
         self.n_seq_max: int = n_seq_max
+        self.cache_type: str = cache_type
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._batch = LlamaBatch(n_batch, n_seq_max)
 

@@ -1,0 +1,121 @@
+"""``moa-cpp serve`` (the OpenAI-compatible server) and ``moa-cpp rpc-server`` (llama.cpp's RPC
+backend server, for targets split over machines)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+
+from .errors import InvalidArgumentError, MoaError
+
+log = logging.getLogger("moa_cpp.server")
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    from .server.settings import add_serve_arguments as add
+    add(p)
+
+
+def _import_web_stack() -> None:
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise MoaError(f"`moa-cpp serve` needs the server extra ({e.name} is missing): "
+                       "pip install -e '.[server]' (scripts/setup.sh installs it)") from None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind before loading anything slow is not needed; bind here so --port 0 tells its port."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    if not infos:
+        raise InvalidArgumentError(f"cannot resolve --host {host}")
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise MoaError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    _import_web_stack()
+    import uvicorn
+
+    from .server.app import create_app
+    from .server.auth import check_bind
+    from .server.sessions import build_sessions
+    from .server.settings import settings_from_args
+    from .target import set_llama_log
+
+    settings = settings_from_args(args)
+    check_bind(settings.host, bool(settings.api_keys), settings.insecure_no_auth)
+    set_llama_log(bool(args.llama_verbose))
+    sock = _listen(settings.host, settings.port)
+    sessions = build_sessions(settings)
+    gen0 = sessions[0].gen
+    if gen0.proposer is not None and gen0.draft.mode == "auto":
+        print("[measuring the target's verify cost once (cached for later runs)...]", file=sys.stderr, flush=True)
+        gen0.calibrate()
+    app = create_app(settings, sessions)
+    srv = app.state.server
+    host, port = sock.getsockname()[:2]
+    url_host = f"[{host}]" if ":" in host else host
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if not self.should_exit:
+                print(f"moa-cpp serve: listening on http://{url_host}:{port}", flush=True)
+                print(f"[{srv.model}: {len(sessions)} session(s) x {settings.session_threads()} thread(s), "
+                      f"n_ctx {srv.n_ctx}, draft {gen0.draft}, auth {'on' if settings.api_keys else 'off'}]",
+                      file=sys.stderr, flush=True)
+
+        def handle_exit(self, sig, frame) -> None:
+            srv.shutdown()                    # open streams end with their last chunk and [DONE]
+            super().handle_exit(sig, frame)
+            # a clean shutdown exits 0 (uvicorn would re-raise the signal after it)
+            getattr(self, "_captured_signals", []).clear()
+
+    config = uvicorn.Config(app, log_level="debug" if getattr(args, "verbose", False) else "warning",
+                            access_log=bool(getattr(args, "verbose", False)), timeout_graceful_shutdown=10,
+                            limit_concurrency=1000, lifespan="off")
+    server = _Server(config)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        srv.executor.shutdown(wait=True, cancel_futures=True)
+        for s in sessions:
+            s.gen.close()
+    return 0
+
+
+def add_rpc_server_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", "-H", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", "-p", type=int, default=50052, help="port (default 50052, as llama.cpp's rpc-server)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.add_argument("--cache", metavar="DIR", help="local cache of tensors sent by clients (llama.cpp's -c)")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="bind a non-loopback address: rpc-server has NO authentication; private networks only")
+
+
+def run_rpc_server(args: argparse.Namespace) -> int:
+    import signal
+
+    from .rpc import is_loopback, start_server
+    if not is_loopback(args.host) and not args.allow_remote:
+        raise InvalidArgumentError(f"refusing to serve the RPC backend on {args.host}: it has no authentication "
+                                   "(anyone reaching the port controls this process's memory). Use a private "
+                                   "network and pass --allow-remote")
+    if not 0 < args.port < 65536:
+        raise InvalidArgumentError("--port must be 1..65535")
+    print(f"moa-cpp rpc-server: serving the CPU backend on {args.host}:{args.port} (no authentication)", flush=True)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)      # the server loop is native: let ^C end the process
+    start_server(args.host, args.port, args.threads, args.cache)
+    return 0

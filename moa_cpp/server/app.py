@@ -1,0 +1,317 @@
+"""The Starlette app: OpenAI-compatible routes over the session pool.
+
+``GET /health`` (no key), ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions`` (non-streaming and SSE streaming, ``data: [DONE]``). Every
+failure is OpenAI's JSON error shape; nothing a client sends can stop the server.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, AsyncIterator, Optional
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..errors import MoaError
+from ..generator import parse_draft
+from .auth import KeyChecker, offered_key
+from .errors import APIError, bad_request
+from .schemas import ChatRequest, CompletionRequest, parse_body
+from .sessions import SessionPool, model_id
+from .settings import ServerSettings
+from .worker import GenParams, Job
+
+log = logging.getLogger("moa_cpp.server")
+
+# A body larger than the limit is read and dropped (not kept) up to this many bytes so that the
+# client, still sending, gets the 413 instead of a reset connection.
+_DRAIN_MAX = 64 << 20
+
+
+class AuthMiddleware:
+    """API key on every route but /health (pure ASGI: streaming responses pass untouched)."""
+
+    def __init__(self, app: Any, checker: KeyChecker) -> None:
+        self.app, self.checker = app, checker
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and self.checker.enabled and scope.get("path") != "/health":
+            if not self.checker.check(offered_key(scope.get("headers", ()))):
+                err = APIError(401, "invalid or missing API key (Authorization: Bearer KEY or X-Api-Key: KEY)",
+                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                await err.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class Server:
+    """State of one serving process: settings, sessions, threads, active jobs."""
+
+    def __init__(self, settings: ServerSettings, sessions: list) -> None:
+        self.settings = settings
+        self.pool = SessionPool(sessions, settings.queue, settings.retry_after_s)
+        self.executor = ThreadPoolExecutor(max_workers=len(sessions), thread_name_prefix="moa-session")
+        self.model = model_id(settings, sessions)
+        self.created = int(time.time())
+        self.jobs: set = set()
+        gen = sessions[0].gen
+        self.has_proposer = gen.proposer is not None
+        self.n_ctx = gen.target.n_ctx
+        self.max_tokens_limit = settings.max_tokens_limit or self.n_ctx
+
+    def shutdown(self) -> None:
+        """End open generations (streams send their last chunk and [DONE]) and refuse new ones."""
+        self.pool.close()
+        for job in list(self.jobs):
+            job.cancel()
+
+    # ------------------------------------------------------------------ request -> params
+
+    def _draft_override(self, req: Any) -> Optional[str]:
+        if req.moa is None or req.moa.draft is None:
+            return None
+        cfg = parse_draft(req.moa.draft)
+        s = self.settings
+        if cfg.mode != "none" and not self.has_proposer:
+            raise bad_request("this server runs without a drafter (--draft none): moa.draft must be 'none'",
+                              param="moa.draft")
+        if cfg.mode in ("chain", "auto") and cfg.chain > s.max_chain:
+            raise bad_request(f"moa.draft: at most {s.max_chain} drafted tokens per cycle", param="moa.draft")
+        if cfg.mode == "tree" and (cfg.total > s.max_tree_nodes or cfg.depth > 16 or cfg.topk > 16):
+            raise bad_request(f"moa.draft: trees up to {s.max_tree_nodes} nodes, depth 16, top-k 16",
+                              param="moa.draft")
+        return str(cfg)
+
+    def params(self, req: Any, chat: bool) -> GenParams:
+        limit = req.token_limit if chat else req.max_tokens
+        if limit is None:
+            limit = self.max_tokens_limit
+        elif limit > self.max_tokens_limit:
+            raise bad_request(f"max_tokens is {limit}; this server allows at most {self.max_tokens_limit}",
+                              param="max_tokens")
+        prompt = req.message_dicts() if chat else req.prompt_value()
+        return GenParams(prompt, chat, limit, req.temperature, req.top_k, req.top_p, req.seed_or_none,
+                         req.stops, self._draft_override(req))
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        raise APIError(415, f"Content-Type must be application/json (got {ctype or 'none'})",
+                       code="unsupported_media_type")
+    declared = request.headers.get("content-length")
+    if declared is not None and not declared.strip().isdigit():
+        raise bad_request("invalid Content-Length header")
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n <= limit:
+            chunks.append(chunk)
+        elif n > _DRAIN_MAX:
+            break
+    if n > limit:
+        raise APIError(413, f"the request body is larger than {limit} bytes (--max-body-bytes)",
+                       code="request_too_large")
+    return b"".join(chunks)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+async def _until_disconnect(request: Request, aw: Any) -> Any:
+    """Await ``aw``; if the client leaves first, cancel it and raise CancelledError."""
+    task = asyncio.ensure_future(aw)
+    gone = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        try:
+            await task
+        except BaseException:
+            pass
+        raise asyncio.CancelledError("client disconnected")
+    finally:
+        gone.cancel()
+
+
+def _error_of(exc: BaseException) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, (ValueError, MoaError)) and not isinstance(exc, MemoryError):
+        return bad_request(str(exc))
+    log.exception("generation failed", exc_info=exc)
+    return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
+
+
+def _moa(stats: Any, draft: str) -> dict:
+    return {"tau": round(stats.tau, 4), "target_calls": stats.target_calls, "draft": draft,
+            "decision": stats.decision, "drafted": stats.drafted, "accepted": stats.accepted,
+            "tokens_per_s": round(stats.tokens_per_s, 2)}
+
+
+class _Completion:
+    """Builds the response objects of one request (text or chat, whole or chunked)."""
+
+    def __init__(self, srv: Server, chat: bool, params: GenParams) -> None:
+        self.chat = chat
+        self.id = (f"chatcmpl-{uuid.uuid4().hex}" if chat else f"cmpl-{uuid.uuid4().hex}")
+        self.created = int(time.time())
+        self.model = srv.model
+        self.draft = params.draft or (str(srv.pool.sessions[0].gen.draft))
+        self.n_prompt = 0
+
+    def _head(self, chunk: bool) -> dict:
+        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def usage(self, n_completion: int) -> dict:
+        return {"prompt_tokens": self.n_prompt, "completion_tokens": n_completion,
+                "total_tokens": self.n_prompt + n_completion}
+
+    def whole(self, text: str, n_tokens: int, finish: str, stats: Any) -> dict:
+        choice: dict = {"index": 0, "logprobs": None, "finish_reason": finish}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {**self._head(False), "choices": [choice], "usage": self.usage(n_tokens), "moa": _moa(stats, self.draft)}
+
+    def chunk(self, piece: Optional[str], finish: Optional[str] = None, first: bool = False) -> dict:
+        if self.chat:
+            delta: dict = {"role": "assistant", "content": ""} if first else ({} if piece is None else {"content": piece})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish}
+        return {**self._head(True), "choices": [choice]}
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj, ensure_ascii=False).encode()) + b"\n\n"
+
+
+async def _generate(srv: Server, request: Request, model: type, chat: bool) -> Response:
+    body = await _read_body(request, srv.settings.max_body_bytes)
+    req = parse_body(body, model)
+    params = srv.params(req, chat)
+    out = _Completion(srv, chat, params)
+    session = await _until_disconnect(request, srv.pool.acquire())
+    job = Job(session, params, srv.pool.release)
+    srv.jobs.add(job)
+    try:
+        job.start(srv.executor)
+        ev = await _until_disconnect(request, job.events.get())
+        if ev[0] == "error":
+            raise _error_of(ev[1])
+        out.n_prompt = ev[1]
+    except BaseException:
+        job.cancel()
+        srv.jobs.discard(job)
+        raise
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_stream(srv, job, out, include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        return JSONResponse(await _until_disconnect(request, _collect(job, out)))
+    finally:
+        job.cancel()
+        srv.jobs.discard(job)
+
+
+async def _collect(job: Job, out: _Completion) -> dict:
+    pieces, n = [], 0
+    while True:
+        ev = await job.events.get()
+        if ev[0] == "piece":
+            n += len(ev[1])
+            pieces.append(ev[2])
+        elif ev[0] == "done":
+            return out.whole("".join(pieces), n, ev[1].finish_reason or "length", ev[1])
+        elif ev[0] == "cancelled":
+            raise APIError(503, "the server is shutting down; the generation was stopped", code="server_shutdown")
+        elif ev[0] == "error":
+            raise _error_of(ev[1])
+
+
+async def _stream(srv: Server, job: Job, out: _Completion, include_usage: bool) -> AsyncIterator[bytes]:
+    """SSE chunks; the client leaving cancels this generator, which stops the generation."""
+    n = 0
+    try:
+        if out.chat:
+            yield _sse(out.chunk(None, first=True))
+        while True:
+            ev = await job.events.get()
+            if ev[0] == "piece":
+                n += len(ev[1])
+                if ev[2]:
+                    yield _sse(out.chunk(ev[2]))
+                continue
+            if ev[0] == "error":
+                yield _sse(_error_of(ev[1]).body())
+                break
+            stats = ev[1] if ev[0] == "done" else None
+            last = out.chunk(None, finish=(stats.finish_reason or "length") if stats else "abort")
+            if stats is not None:
+                last["moa"] = _moa(stats, out.draft)
+            yield _sse(last)
+            if include_usage:
+                yield _sse({**out._head(True), "choices": [], "usage": out.usage(n)})
+            break
+        yield _sse(b"[DONE]")
+    finally:
+        job.cancel()
+        srv.jobs.discard(job)
+
+
+def create_app(settings: ServerSettings, sessions: list) -> Starlette:
+    srv = Server(settings, sessions)
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": srv.model, "object": "model", "created": srv.created, "owned_by": "moa_cpp",
+             "meta": {"n_ctx": srv.n_ctx, "parallel": len(srv.pool.sessions), "draft": str(sessions[0].gen.draft)}}]})
+
+    async def completions(request: Request) -> Response:
+        return await _generate(srv, request, CompletionRequest, chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(srv, request, ChatRequest, chat=True)
+
+    async def api_error(request: Request, exc: APIError) -> Response:
+        return exc.response()
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        msg = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        return APIError(exc.status_code, msg.get(exc.status_code, str(exc.detail)),
+                        headers=dict(exc.headers or {})).response()
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error", exc_info=exc)
+        return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").response()
+
+    app = Starlette(routes=[
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ], exception_handlers={APIError: api_error, HTTPException: http_error, Exception: server_error})
+    app.state.server = srv
+    app.add_middleware(AuthMiddleware, checker=KeyChecker(settings.api_keys))
+    return app

@@ -1,0 +1,83 @@
+"""API keys and the bind policy.
+
+Keys come from ``--api-key-file`` (one per line, ``#`` comments) or ``MOA_API_KEY``, never
+argv (other users can read a process's argv). Every route but ``/health`` needs
+``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``; the check compares SHA-256 digests of the
+offered key with every configured key in constant time (no early exit, no length leak).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+from ..errors import InvalidArgumentError
+from ..rpc import is_loopback
+
+ENV_KEY = "MOA_API_KEY"
+
+
+def load_api_keys(key_file: Optional[str] = None, environ: Optional[dict] = None) -> list:
+    """The configured keys: the file's non-empty, non-comment lines, else ``$MOA_API_KEY``."""
+    env = os.environ if environ is None else environ
+    keys: list = []
+    if key_file:
+        p = Path(key_file)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as e:
+            raise InvalidArgumentError(f"--api-key-file {p}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise InvalidArgumentError(f"--api-key-file {p}: not UTF-8 text") from None
+        keys = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+        if not keys:
+            raise InvalidArgumentError(f"--api-key-file {p}: no key in it (one key per line, '#' comments)")
+    elif env.get(ENV_KEY, "").strip():
+        keys = [env[ENV_KEY].strip()]
+    for k in keys:
+        if any(c.isspace() for c in k) or not k.isprintable():
+            raise InvalidArgumentError("an API key must be printable and contain no whitespace")
+    return keys
+
+
+def check_bind(host: str, has_keys: bool, insecure_no_auth: bool = False) -> None:
+    """Refuse to serve a non-loopback address without a key (unless explicitly insecure)."""
+    if not is_loopback(host) and not has_keys and not insecure_no_auth:
+        raise InvalidArgumentError(
+            f"refusing to listen on {host} without an API key: anyone who can reach it could use the model. "
+            f"Set --api-key-file FILE or ${ENV_KEY}, bind 127.0.0.1, or pass --insecure-no-auth")
+
+
+class KeyChecker:
+    """Constant-time check of an offered key against all configured keys."""
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        self._digests = [hashlib.sha256(k.encode()).digest() for k in keys]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._digests)
+
+    def check(self, offered: Optional[str]) -> bool:
+        if not self._digests:
+            return True
+        d = hashlib.sha256((offered or "").encode("utf-8", "surrogateescape")).digest()
+        ok = False
+        for ref in self._digests:           # every key, always: the time does not depend on which matched
+            ok |= hmac.compare_digest(d, ref)
+        return ok and offered is not None
+
+
+def offered_key(headers: Iterable[tuple]) -> Optional[str]:
+    """The key in ``Authorization: Bearer K`` or ``X-Api-Key: K`` (raw ASGI headers)."""
+    for name, value in headers:
+        n = name.lower()
+        if n == b"authorization":
+            v = value.decode("latin-1").strip()
+            if v[:7].lower() == "bearer ":
+                return v[7:].strip()
+        elif n == b"x-api-key":
+            return value.decode("latin-1").strip()
+    return None

@@ -1,0 +1,153 @@
+"""Request bodies of ``/v1/completions`` and ``/v1/chat/completions``, validated strictly.
+
+Fields and defaults follow OpenAI and llama-cpp-python's server (temperature 0.8, top_p 0.95,
+top_k 40; completions: max_tokens 16). Types are strict (``"5"`` is not a number), numbers must
+be finite and in range, and an unknown field is an error, as OpenAI answers ("Unrecognized
+request argument"). OpenAI fields this server does not implement are accepted only at their
+no-op values (n=1, echo=false, penalties 0, no logprobs, no logit_bias).
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..generator import parse_draft
+from .errors import APIError, bad_request
+
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+MAX_STOP = 16
+MAX_STOP_LEN = 256
+MAX_MESSAGES = 1024
+
+Int32 = Annotated[int, Field(ge=-(2 ** 31), le=2 ** 31 - 1)]
+
+
+class MoaOptions(BaseModel):
+    """``moa``: per-request speculation settings."""
+
+    model_config = _STRICT
+    draft: Optional[Annotated[str, Field(max_length=64)]] = None
+
+    @field_validator("draft")
+    @classmethod
+    def _draft(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            parse_draft(v)     # ValueError -> a validation error naming the field
+        return v
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    model_config = _STRICT
+
+    model: Optional[Annotated[str, Field(max_length=256)]] = None
+    max_tokens: Optional[Annotated[int, Field(ge=1, le=2 ** 31 - 1)]] = None
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 0.8
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
+    top_k: Annotated[int, Field(ge=0, le=2 ** 31 - 1)] = 40
+    seed: Optional[Annotated[int, Field(ge=-1, le=2 ** 64 - 1)]] = None
+    stop: Union[None, Annotated[str, Field(max_length=MAX_STOP_LEN)],
+                Annotated[list[Annotated[str, Field(max_length=MAX_STOP_LEN)]], Field(max_length=MAX_STOP)]] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    n: Annotated[int, Field(ge=1, le=1)] = 1
+    presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    logit_bias: Optional[Annotated[dict[str, float], Field(max_length=0)]] = None
+    user: Optional[Annotated[str, Field(max_length=256)]] = None
+    moa: Optional[MoaOptions] = None
+
+    @property
+    def stops(self) -> list:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def seed_or_none(self) -> Optional[int]:
+        return None if self.seed in (None, -1) else self.seed
+
+
+TokenId = Annotated[int, Field(ge=0, le=2 ** 31 - 1)]
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, Annotated[list[TokenId], Field(min_length=1)],
+                  Annotated[list[str], Field(min_length=1, max_length=1)],
+                  Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=1)]]
+    max_tokens: Optional[Annotated[int, Field(ge=1, le=2 ** 31 - 1)]] = 16
+    echo: Literal[False] = False
+    logprobs: Optional[Annotated[int, Field(ge=0, le=0)]] = None
+    suffix: Optional[Literal[""]] = None
+    best_of: Annotated[int, Field(ge=1, le=1)] = 1
+
+    def prompt_value(self) -> "str | list":
+        """One prompt: text or token ids (a one-element batch is unwrapped)."""
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            return p[0]
+        return p
+
+
+class TextPart(BaseModel):
+    model_config = _STRICT
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = _STRICT
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, Annotated[list[TextPart], Field(max_length=256)], None] = None
+    name: Optional[Annotated[str, Field(max_length=256)]] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatRequest(_Sampling):
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
+    max_completion_tokens: Optional[Annotated[int, Field(ge=1, le=2 ** 31 - 1)]] = None
+    logprobs: Literal[False] = False
+
+    def message_dicts(self) -> list:
+        # "developer" is OpenAI's new name for "system"; chat templates know "system"
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+    @property
+    def token_limit(self) -> Optional[int]:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def parse_body(body: bytes, model: type) -> BaseModel:
+    """Validate a JSON body; every failure is a 400 naming the field."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        kind = err.get("type", "")
+        if kind == "json_invalid":
+            raise bad_request(f"the body is not valid JSON: {err.get('msg', '')}", code="invalid_json") from None
+        if kind == "model_type" and not loc:
+            raise bad_request("the body must be a JSON object", code="invalid_json") from None
+        if kind == "extra_forbidden":
+            raise bad_request(f"Unrecognized request argument supplied: {loc}", param=loc,
+                              code="unknown_parameter") from None
+        if kind == "missing":
+            raise bad_request(f"missing required parameter: {loc}", param=loc, code="missing_parameter") from None
+        raise bad_request(f"invalid value for {loc or 'the body'}: {err.get('msg', 'invalid')}", param=loc or None,
+                          code="invalid_value") from None
+    except (RecursionError, UnicodeDecodeError, ValueError) as e:
+        raise bad_request(f"the body is not valid JSON: {type(e).__name__}", code="invalid_json") from None
+
+
+__all__ = ["APIError", "ChatRequest", "CompletionRequest", "Message", "MoaOptions", "parse_body"]

@@ -1,0 +1,138 @@
+"""Generation sessions: ``--parallel N`` of them, allocated at start (memory is bounded then),
+and a bounded FIFO of requests waiting for one (503 + Retry-After beyond it).
+
+A session is a :class:`SpeculativeGenerator` on its own llama.cpp context (the model weights are
+shared) with its own drafter state (the drafter weights are shared). One generation at a time
+runs on a session; several sessions run in parallel threads.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..generator import SpeculativeGenerator, is_moa_drafter, parse_draft
+from .errors import APIError
+from .settings import ServerSettings
+
+log = logging.getLogger("moa_cpp.server")
+
+
+@dataclass
+class Session:
+    index: int
+    gen: SpeculativeGenerator
+
+
+def resolve_models(s: ServerSettings) -> tuple:
+    """(target path, MoA drafter path or None, draft-model path or None, draft spec)."""
+    from .. import defaults
+    from ..errors import InvalidArgumentError
+    target, drafter, draft_model = s.model, s.drafter, None
+    draft = parse_draft(s.draft)
+    if target is None:
+        if drafter is not None:
+            raise InvalidArgumentError("-d/--drafter needs -m/--model (the drafter's target)")
+        target = defaults.default_target()
+        drafter = None if draft.mode == "none" else defaults.default_drafter()
+    if drafter is not None and not is_moa_drafter(drafter):
+        drafter, draft_model = None, drafter          # -md small-llm.gguf: llama.cpp's meaning
+    if draft.mode == "none":
+        return target, None, None, "none"
+    if drafter is None and draft_model is None:
+        raise InvalidArgumentError("-m/--model without -d/--drafter: pass an MoA drafter GGUF (or a draft model), "
+                                   "or --draft none")
+    return target, drafter, draft_model, str(draft)
+
+
+def build_sessions(s: ServerSettings) -> list:
+    """Load the target once, then ``s.parallel`` contexts + drafter states on it."""
+    from ..drafter import DrafterModel
+    from ..target import Target
+
+    target_path, drafter_path, draft_model, draft = resolve_models(s)
+    threads = s.session_threads()
+    base = Target.from_path(target_path, n_ctx=s.n_ctx, n_threads=threads, n_gpu_layers=s.n_gpu_layers,
+                            rpc=s.rpc or None)
+    sessions: list = []
+    try:
+        drafter = (DrafterModel(drafter_path, target_path, device=s.device, n_threads=threads)
+                   if drafter_path else None)
+        for i in range(s.parallel):
+            tgt = base if i == 0 else base.sibling(n_threads=threads)
+            proposer = None
+            if draft_model is not None:
+                from ..draft_model import DraftModelProposer
+                proposer = DraftModelProposer.from_path(draft_model, target=tgt, n_ctx=s.n_ctx, n_threads=threads,
+                                                        n_gpu_layers=s.n_gpu_layers)
+            sessions.append(Session(i, SpeculativeGenerator(tgt, drafter, draft=draft, proposer=proposer)))
+    except BaseException:
+        for ss in sessions:
+            ss.gen.close()
+        base.close()
+        raise
+    return sessions
+
+
+def model_id(s: ServerSettings, sessions: list) -> str:
+    return s.model_alias or Path(sessions[0].gen.target.path).name
+
+
+class SessionPool:
+    """Hands sessions to requests in arrival order. Event-loop side only (not thread-safe): a
+    worker thread gives its session back through ``loop.call_soon_threadsafe(pool.release, s)``."""
+
+    def __init__(self, sessions: list, max_queue: int, retry_after_s: int = 1) -> None:
+        self.sessions = list(sessions)
+        self._free: collections.deque = collections.deque(self.sessions)
+        self._waiters: collections.deque = collections.deque()
+        self.max_queue = max_queue
+        self.retry_after_s = retry_after_s
+        self.closing = False
+
+    @property
+    def busy(self) -> int:
+        return len(self.sessions) - len(self._free)
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for f in self._waiters if not f.done())
+
+    def _overloaded(self, why: str) -> APIError:
+        return APIError(503, why, code="server_busy", headers={"Retry-After": str(self.retry_after_s)})
+
+    async def acquire(self) -> Session:
+        if self.closing:
+            raise self._overloaded("the server is shutting down")
+        if self._free and not self.waiting:
+            return self._free.popleft()
+        if self.waiting >= self.max_queue:
+            raise self._overloaded(f"all {len(self.sessions)} sessions are busy and {self.max_queue} requests are "
+                                   f"queued; retry later")
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release(fut.result())      # handed over just as the waiter left
+            raise
+
+    def release(self, session: Session) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(session)
+                return
+        self._free.append(session)
+
+    def close(self) -> None:
+        """Refuse new requests and wake queued ones with 503 (shutdown)."""
+        self.closing = True
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(self._overloaded("the server is shutting down"))

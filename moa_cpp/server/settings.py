@@ -1,0 +1,121 @@
+"""Settings of ``moa-cpp serve``: the flags (llama-server's spellings where it has them) and
+every limit on what a client controls."""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+def _positive(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def _port(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {s!r}") from None
+    if not 0 <= v < 65536:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535 (0: pick a free one), got {v}")
+    return v
+
+
+def _non_negative(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
+    return v
+
+
+@dataclass
+class ServerSettings:
+    model: Optional[str] = None             # target GGUF (None: the embedded default)
+    drafter: Optional[str] = None           # MoA drafter GGUF, or a plain LLM GGUF (draft model)
+    host: str = "127.0.0.1"
+    port: int = 8765
+    api_keys: list = field(default_factory=list)
+    insecure_no_auth: bool = False
+    parallel: int = 1                       # pre-allocated sessions
+    queue: int = 16                         # requests waiting for a session beyond them
+    n_ctx: int = 4096                       # per session
+    threads: Optional[int] = None           # per session (default: cores / parallel)
+    n_gpu_layers: int = 0
+    device: str = "auto"                    # drafter device
+    draft: str = "auto:8"
+    rpc: tuple = ()
+    model_alias: Optional[str] = None
+    # limits on what a client controls
+    max_body_bytes: int = 1 << 20
+    max_tokens_limit: Optional[int] = None  # None: the context size
+    max_tree_nodes: int = 62
+    max_chain: int = 16
+    retry_after_s: int = 1
+
+    def session_threads(self) -> int:
+        if self.threads:
+            return self.threads
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:
+            cores = os.cpu_count() or 1
+        return max(1, cores // self.parallel)
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", help="target GGUF (default: the embedded default target)")
+    p.add_argument("-d", "-md", "--drafter", "--model-draft", dest="drafter",
+                   help="MoA drafter GGUF (default with no -m: the embedded drafter); a plain LLM GGUF drafts "
+                        "as a draft model")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8765, help="port (default 8765; 0 picks a free one)")
+    p.add_argument("--api-key-file", metavar="FILE",
+                   help="API keys, one per line ('#' comments); else $MOA_API_KEY; keys never go on the command line")
+    p.add_argument("--insecure-no-auth", action="store_true",
+                   help="allow a non-loopback --host without an API key")
+    p.add_argument("-np", "--parallel", type=_positive, default=1,
+                   help="concurrent generations: sessions (context + drafter state) allocated at start (default 1)")
+    p.add_argument("--queue", type=_non_negative, default=16,
+                   help="requests that may wait for a session (FIFO); beyond: 503 + Retry-After (default 16)")
+    p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=_positive, default=4096,
+                   help="context size per session (default 4096)")
+    p.add_argument("-t", "--threads", type=_positive, default=None,
+                   help="CPU threads per session (default: cores / --parallel)")
+    p.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=None,
+                   help="target layers to offload to a GPU or rpc-servers (-1: all; default 0, all with --rpc)")
+    p.add_argument("--device", default="auto", help="drafter device: auto, cpu or a ggml device name")
+    p.add_argument("--draft", default="auto:8",
+                   help="auto[:KMAX] (cost-aware, default auto:8), chain:N, tree:DEPTH,TOPK,TOTAL or none")
+    p.add_argument("--rpc", metavar="HOST:PORT,...",
+                   help="llama.cpp rpc-servers that hold the offloaded target layers (moa-cpp rpc-server); "
+                        "rpc-server has no authentication: private networks only")
+    p.add_argument("--model-alias", "-a", dest="model_alias", help="model id in /v1/models (default: the file name)")
+    p.add_argument("--max-body-bytes", type=_positive, default=1 << 20, help="largest request body (default 1 MiB)")
+    p.add_argument("--max-tokens-limit", type=_positive, default=None,
+                   help="largest max_tokens a request may ask (default: the context size)")
+    p.add_argument("--max-tree-nodes", type=_positive, default=62,
+                   help="largest tree a request's moa.draft may ask (default 62)")
+    p.add_argument("--verbose", dest="llama_verbose", action="store_true", help="show llama.cpp's own log lines")
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    from .auth import load_api_keys
+    from ..rpc import parse_endpoints
+    rpc = tuple(parse_endpoints(args.rpc)) if args.rpc else ()
+    ngl = args.n_gpu_layers if args.n_gpu_layers is not None else (-1 if rpc else 0)
+    return ServerSettings(model=args.model, drafter=args.drafter, host=args.host, port=args.port,
+                          api_keys=load_api_keys(args.api_key_file), insecure_no_auth=args.insecure_no_auth,
+                          parallel=args.parallel, queue=args.queue, n_ctx=args.n_ctx, threads=args.threads,
+                          n_gpu_layers=ngl, device=args.device, draft=args.draft, rpc=rpc,
+                          model_alias=args.model_alias, max_body_bytes=args.max_body_bytes,
+                          max_tokens_limit=args.max_tokens_limit, max_tree_nodes=args.max_tree_nodes)

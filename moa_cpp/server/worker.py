@@ -1,0 +1,99 @@
+"""One generation run off the event loop (so ``/health`` and other requests are answered during
+long generations), reporting to the request's coroutine through an asyncio queue.
+
+Events, in order: ``("ready", n_prompt)`` once the prompt is encoded and fits (or
+``("error", exc)``), then ``("piece", token_ids, text)`` per verified step, then
+``("done", stats)`` or ``("error", exc)``. Cancelling (client gone, shutdown) takes effect after
+the current step; the session is given back the moment the thread stops using it.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from .errors import APIError, bad_request
+from .sessions import Session
+
+
+@dataclass
+class GenParams:
+    prompt: Any                     # text, token ids, or chat messages (with chat=True)
+    chat: bool
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: Optional[int]
+    stop: list
+    draft: Optional[str]
+
+
+class Job:
+    def __init__(self, session: Session, params: GenParams, release: Callable[[Session], None]) -> None:
+        self.session = session
+        self.params = params
+        self._release = release
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self._loop = asyncio.get_running_loop()
+
+    def start(self, executor: Executor) -> None:
+        self._loop.run_in_executor(executor, self._run)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def _put(self, *event: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:        # the event loop is gone (shutdown): nobody listens
+            pass
+
+    def _encode(self) -> list:
+        gen, p = self.session.gen, self.params
+        tgt = gen.target
+        try:
+            ids = gen.encode(p.prompt, p.chat)
+        except APIError:
+            raise
+        except Exception as e:      # e.g. a chat template that rejects the roles' order
+            raise bad_request(f"could not build the prompt: {e}", param="messages" if p.chat else "prompt") from None
+        bad = [t for t in ids if not 0 <= t < tgt.n_vocab]
+        if bad:
+            raise bad_request(f"token id {bad[0]} is out of the vocabulary (0..{tgt.n_vocab - 1})", param="prompt")
+        if not ids:
+            raise bad_request("the prompt is empty (no tokens)", param="prompt")
+        if len(ids) >= tgt.n_ctx:
+            raise bad_request(f"the prompt has {len(ids)} tokens; this server's context holds {tgt.n_ctx} "
+                              f"(prompt + completion)", param="messages" if p.chat else "prompt",
+                              code="context_length_exceeded")
+        return ids
+
+    def _run(self) -> None:
+        gen, p = self.session.gen, self.params
+        try:
+            if self.cancelled.is_set():
+                return
+            ids = self._encode()
+            self._put("ready", len(ids))
+            it = gen.stream_tokens(ids, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
+                                   top_p=p.top_p, seed=p.seed, stop=p.stop, draft=p.draft)
+            try:
+                for toks, piece in it:
+                    self._put("piece", list(toks), piece)
+                    if self.cancelled.is_set():
+                        self._put("cancelled")
+                        return
+            finally:
+                it.close()
+            self._put("done", gen.last_stats)
+        except BaseException as e:   # answered as an error; the server keeps running
+            self._put("error", e)
+        finally:
+            try:
+                self._loop.call_soon_threadsafe(self._release, self.session)
+            except RuntimeError:
+                pass
