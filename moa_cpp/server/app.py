@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Optional
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -131,7 +131,8 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 async def _until_disconnect(request: Request, aw: Any) -> Any:
-    """Await ``aw``; if the client leaves first, cancel it and raise CancelledError."""
+    """Await ``aw``; if the client leaves first, cancel it and raise ClientDisconnect (answered
+    quietly by the app, not logged as an error: a client leaving is not a server failure)."""
     task = asyncio.ensure_future(aw)
     gone = asyncio.ensure_future(_wait_disconnect(request))
     try:
@@ -143,7 +144,7 @@ async def _until_disconnect(request: Request, aw: Any) -> Any:
             await task
         except BaseException:
             pass
-        raise asyncio.CancelledError("client disconnected")
+        raise ClientDisconnect()
     finally:
         gone.cancel()
 
@@ -286,7 +287,8 @@ def create_app(settings: ServerSettings, sessions: list) -> Starlette:
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
             {"id": srv.model, "object": "model", "created": srv.created, "owned_by": "moa_cpp",
-             "meta": {"n_ctx": srv.n_ctx, "parallel": len(srv.pool.sessions), "draft": str(sessions[0].gen.draft)}}]})
+             "meta": {"n_ctx": srv.n_ctx, "parallel": len(srv.pool.sessions), "draft": str(sessions[0].gen.draft),
+                      "sessions_busy": srv.pool.busy, "queued": srv.pool.waiting}}]})
 
     async def completions(request: Request) -> Response:
         return await _generate(srv, request, CompletionRequest, chat=False)
@@ -302,6 +304,10 @@ def create_app(settings: ServerSettings, sessions: list) -> Starlette:
         return APIError(exc.status_code, msg.get(exc.status_code, str(exc.detail)),
                         headers=dict(exc.headers or {})).response()
 
+    async def client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        # the client closed the connection (mid-body or mid-generation): nobody reads an answer
+        return Response(status_code=499)
+
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error", exc_info=exc)
         return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").response()
@@ -311,7 +317,8 @@ def create_app(settings: ServerSettings, sessions: list) -> Starlette:
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    ], exception_handlers={APIError: api_error, HTTPException: http_error, Exception: server_error})
+    ], exception_handlers={APIError: api_error, HTTPException: http_error,
+                           ClientDisconnect: client_gone, Exception: server_error})
     app.state.server = srv
     app.add_middleware(AuthMiddleware, checker=KeyChecker(settings.api_keys))
     return app
