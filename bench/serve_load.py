@@ -39,7 +39,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -49,32 +48,21 @@ from _common import md_table, run_info, usable_cores, write_results  # noqa: E40
 
 REPO = Path(__file__).resolve().parents[1]
 SETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"]
-LISTEN = "moa-cpp serve: listening on "
 LLAMA = "llama"
 MOA = {"moa-np1": [], "moa-np2": ["--parallel", "2"], "moa-np1-none": ["--draft", "none"]}
 
 
 class Proc:
-    """One server process on 127.0.0.1; its stderr goes to a temp log file."""
+    """One server process on 127.0.0.1:``port``, ready once GET /v1/models answers 200; its
+    stdout and stderr go to a temp log file (shown if it fails to start, removed by stop())."""
 
-    def __init__(self, name: str, cmd: list, port: int = 0, timeout: float = 300.0) -> None:
+    def __init__(self, name: str, cmd: list, port: int, timeout: float = 300.0) -> None:
         self.name, self.cmd = name, cmd
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"{name}-", suffix=".log", delete=False)
         env = {k: v for k, v in os.environ.items() if k != "MOA_API_KEY"}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE if not port else self.log, stderr=self.log,
-                                     text=True, env=env, cwd=REPO)
-        self.port = port or self._listen_port(timeout)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, text=True, env=env, cwd=REPO)
+        self.port = port
         self._wait_ready(timeout)
-
-    def _listen_port(self, timeout: float) -> int:
-        box: list = []
-        t = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
-        t.start()
-        t.join(timeout)
-        line = box[0] if box else ""
-        if not line.startswith(LISTEN):
-            self.fail(f"no '{LISTEN}' line (got {line!r})")
-        return int(line.rsplit(":", 1)[1])
 
     def _wait_ready(self, timeout: float) -> None:
         end = time.monotonic() + timeout
@@ -90,9 +78,10 @@ class Proc:
         self.fail("not ready in time")
 
     def fail(self, why: str) -> None:
-        self.stop()
         self.log.seek(0)
-        raise RuntimeError(f"{self.name} ({shlex.join(self.cmd)}): {why}\n{self.log.read()[-3000:]}")
+        tail = self.log.read()[-3000:]
+        self.stop()
+        raise RuntimeError(f"{self.name} ({shlex.join(self.cmd)}): {why}\n{tail}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -102,6 +91,8 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
 
 
 def free_port() -> int:
@@ -125,23 +116,21 @@ def request(port: int, method: str, path: str, body, timeout: float = 600.0) -> 
         c.close()
 
 
-def start_servers(names: list, model: str, drafter, args) -> dict:
+def start_servers(out: dict, names: list, model: str, drafter, args) -> None:
+    """Start ``names`` one after the other into ``out`` (filled as they come up: the caller stops them)."""
     threads = args.threads or usable_cores()
-    out = {}
     for n in names:
+        port = free_port()
         if n == LLAMA:
-            port = free_port()
             cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--host", "127.0.0.1",
                    "--port", str(port), "--n_ctx", str(args.n_ctx), "--n_threads", str(threads),
                    "--n_threads_batch", str(threads), "--verbose", "false", *shlex.split(args.llama_args)]
         else:
-            port = 0
-            cmd = [sys.executable, "-m", "moa_cpp.cli", "serve", "--port", "0", "-m", model, "--n-ctx",
+            cmd = [sys.executable, "-m", "moa_cpp.cli", "serve", "--port", str(port), "-m", model, "--n-ctx",
                    str(args.n_ctx), *(["-d", drafter] if drafter else []), *MOA[n]]
         t0 = time.perf_counter()
         out[n] = Proc(n, cmd, port)
         print(f"{n}: up in {time.perf_counter() - t0:.1f} s on port {out[n].port}: {shlex.join(cmd)}", flush=True)
-    return out
 
 
 def one_request(proc: Proc, prompt_idx: int, prompt: str, max_tokens: int) -> dict:
@@ -202,6 +191,15 @@ def load_prompts(data_dir: Path, sets: list, n: int) -> list:
     return out
 
 
+def results_table(rows: list) -> str:
+    return md_table(["server", "clients", "req/s", "tok/s", "tok/s per round", "latency median s", "p90 s",
+                     "errors", "tau", "texts = llama_cpp.server"],
+                    [[r["server"], r["clients"], f"{r['req_per_s']:.2f}", f"{r['tok_per_s']:.1f}",
+                      " ".join(f"{x:.0f}" for x in r["tok_per_s_rounds"]), f"{r['latency_median']:.2f}",
+                      f"{r['latency_p90']:.2f}", r["errors"], "" if r["tau_mean"] is None else f"{r['tau_mean']:.2f}",
+                      "" if r["text_match"] is None else f"{r['text_match']}/{r['text_compared']}"] for r in rows])
+
+
 def plot(plt, rows: list, servers: list):
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for key, ax, label in (("tok_per_s", axes[0], "completion tokens/s"), ("req_per_s", axes[1], "requests/s")):
@@ -229,7 +227,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--n-ctx", type=int, default=2048, help="context size of every server (per session)")
-    ap.add_argument("--threads", type=int, default=None, help="llama_cpp.server threads (default: all cores)")
+    ap.add_argument("--threads", type=int, default=None, help="llama_cpp.server's --n_threads(_batch) "
+                    "(default: all cores; moa-cpp serve keeps its own: cores / --parallel)")
     ap.add_argument("--llama-args", default="--flash_attn true", help="extra llama_cpp.server flags")
     ap.add_argument("--sets", nargs="+", default=SETS, choices=SETS)
     ap.add_argument("--prompts", type=int, default=4, help="prompts per set (default 4)")
@@ -243,9 +242,10 @@ def main(argv=None) -> int:
     drafter = args.drafter or (defaults.default_drafter() if args.model is None else None)
     prompts = load_prompts(Path(args.data), args.sets, args.prompts)
     info = run_info(args.threads or usable_cores())
-    procs = start_servers(args.servers, model, drafter, args)
+    procs: dict = {}
     blocks: dict = {s: {c: [] for c in args.concurrency} for s in args.servers}
     try:
+        start_servers(procs, args.servers, model, drafter, args)
         for p in procs.values():                                        # warm-up
             one_request(p, 0, prompts[0], args.max_tokens)
         start = 0
@@ -267,15 +267,11 @@ def main(argv=None) -> int:
         m, n = text_matches(blocks, s) if s != LLAMA and LLAMA in blocks else (None, None)
         for c in args.concurrency:
             rows.append({"server": s, "clients": c, **summarize(blocks[s][c]), "text_match": m, "text_compared": n})
-    table = md_table(["server", "clients", "req/s", "tok/s", "tok/s per round", "latency median s", "p90 s",
-                      "errors", "tau", "texts = llama_cpp.server"],
-                     [[r["server"], r["clients"], f"{r['req_per_s']:.2f}", f"{r['tok_per_s']:.1f}",
-                       " ".join(f"{x:.0f}" for x in r["tok_per_s_rounds"]), f"{r['latency_median']:.2f}",
-                       f"{r['latency_p90']:.2f}", r["errors"], "" if r["tau_mean"] is None else f"{r['tau_mean']:.2f}",
-                       "" if r["text_match"] is None else f"{r['text_match']}/{r['text_compared']}"] for r in rows])
+    table = results_table(rows)
     print(table)
     header = (f"{model}, drafter {drafter}; {args.rounds} rounds x {args.requests} requests per server and level, "
-              f"max_tokens {args.max_tokens}, {len(prompts)} prompts; server commands in the JSON.\n\n")
+              f"max_tokens {args.max_tokens}, {len(prompts)} prompts. Servers:\n\n" +
+              "".join(f"- {s}: `{shlex.join(p.cmd)}`\n" for s, p in procs.items()) + "\n")
     doc = {"rows": rows, "commands": {s: p.cmd for s, p in procs.items()}, "blocks": blocks,
            "prompts": prompts, "settings": vars(args), "model": model, "drafter": drafter, "run": info}
     write_results(args.name, doc, header + table, lambda plt: plot(plt, rows, args.servers),

@@ -50,8 +50,11 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=_positive, default=4096,
                    help="context size (default 4096)")
     p.add_argument("-t", "--threads", type=_positive, default=None, help="CPU threads (default: all)")
-    p.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=0,
-                   help="target layers to offload to a GPU (-1: all; default 0)")
+    p.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=None,
+                   help="target layers to offload to a GPU or rpc-servers (-1: all; default 0, all with --rpc)")
+    p.add_argument("--rpc", metavar="HOST:PORT,...",
+                   help="llama.cpp rpc-servers holding the offloaded target layers (`moa-cpp rpc-server`; "
+                        "no authentication: private networks only)")
     p.add_argument("--device", default="auto", help="drafter device: auto, cpu or a ggml device name")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--verbose", dest="llama_verbose", action="store_true", help="show llama.cpp's own log lines")
@@ -81,15 +84,18 @@ def _resolve_models(args: argparse.Namespace) -> tuple:
 
 def run_generate(args: argparse.Namespace) -> int:
     from .generator import SpeculativeGenerator
+    from .rpc import parse_endpoints
     from .target import set_llama_log
 
     if args.temp < 0 or not (0 < args.top_p <= 1) or args.top_k < 0:
         raise InvalidArgumentError("--temp must be >= 0, --top-p in (0, 1], --top-k >= 0")
     set_llama_log(bool(args.llama_verbose or getattr(args, "verbose", False)))
     target, drafter, draft_model, draft = _resolve_models(args)
+    rpc = parse_endpoints(args.rpc) if args.rpc else None
+    ngl = args.n_gpu_layers if args.n_gpu_layers is not None else (-1 if rpc else 0)
     gen = SpeculativeGenerator.from_paths(target, drafter, n_ctx=args.n_ctx, n_threads=args.threads,
-                                          n_gpu_layers=args.n_gpu_layers, device=args.device, draft=draft,
-                                          draft_model=draft_model)
+                                          n_gpu_layers=ngl, device=args.device, draft=draft,
+                                          draft_model=draft_model, rpc=rpc)
     kw = dict(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
               seed=args.seed, stop=args.stop, chat=args.chat)
     if args.json:

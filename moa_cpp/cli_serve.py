@@ -118,4 +118,5 @@ def run_rpc_server(args: argparse.Namespace) -> int:
     print(f"moa-cpp rpc-server: serving the CPU backend on {args.host}:{args.port} (no authentication)", flush=True)
     signal.signal(signal.SIGINT, signal.SIG_DFL)      # the server loop is native: let ^C end the process
     start_server(args.host, args.port, args.threads, args.cache)
-    return 0
+    # the native loop only returns when it could not listen
+    raise MoaError(f"could not listen on {args.host}:{args.port} (in use?)")

@@ -119,12 +119,14 @@ class SpeculativeGenerator:
     def from_paths(cls, target_path: Union[str, Path], drafter_path: Union[str, Path, None] = None, *,
                    n_ctx: int = 4096, n_threads: Optional[int] = None, n_gpu_layers: int = 0, device: str = "auto",
                    draft: Union[str, DraftConfig, None] = None, tli: Optional[int] = None,
-                   draft_model: Union[str, Path, None] = None) -> "SpeculativeGenerator":
+                   draft_model: Union[str, Path, None] = None,
+                   rpc: Optional[Sequence[str]] = None) -> "SpeculativeGenerator":
         """Open a GGUF target and (optionally) an MoA drafter GGUF, or a small LLM GGUF with the
-        target's tokenizer for classic draft-model speculation (``draft_model``)."""
+        target's tokenizer for classic draft-model speculation (``draft_model``). ``rpc``:
+        llama.cpp rpc-servers (``["host:port", ...]``) that hold the offloaded target layers."""
         if drafter_path is not None and draft_model is not None:
             raise ValueError("pass an MoA drafter or a draft model, not both")
-        target = Target.from_path(target_path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+        target = Target.from_path(target_path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, rpc=rpc)
         try:
             drafter = (DrafterModel(drafter_path, target_path, device=device, n_threads=n_threads, tli=tli)
                        if drafter_path is not None else None)

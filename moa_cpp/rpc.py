@@ -14,6 +14,8 @@ from __future__ import annotations
 import ctypes
 import ipaddress
 import os
+import socket
+import struct
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -77,6 +79,42 @@ def parse_endpoints(spec: "str | Sequence[str]") -> list:
     return items
 
 
+_HELLO = 14               # RPC_CMD_HELLO (fixed by the protocol)
+_CAPS = 24                # RPC_CONN_CAPS_SIZE of protocol 7
+_PROTO_MAJOR = 7          # RPC_PROTO_MAJOR_VERSION of llama-cpp-python 0.3.36's ggml
+
+
+def probe(endpoint: str, timeout: float = 5.0) -> None:
+    """Check that ``endpoint`` is a compatible rpc-server (TCP connect + the protocol's HELLO).
+    llama.cpp aborts the process when it cannot connect or the handshake fails: this turns both
+    into a clear error first."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+            sock.sendall(bytes([_HELLO]) + struct.pack("<Q", _CAPS) + bytes(_CAPS))
+            head = _recv(sock, 8)
+            size = struct.unpack("<Q", head)[0]
+            body = _recv(sock, size) if 4 <= size <= 4096 else b""
+    except OSError as e:
+        raise MoaError(f"rpc-server {endpoint} is not reachable ({e.strerror or e}); start it there with "
+                       f"`moa-cpp rpc-server --port {port}`") from None
+    if len(body) < 3:
+        raise MoaError(f"{endpoint} does not answer as a llama.cpp rpc-server")
+    if body[0] != _PROTO_MAJOR:
+        raise MoaError(f"rpc-server {endpoint} speaks RPC protocol {body[0]}.{body[1]}.{body[2]}; this build "
+                       f"needs {_PROTO_MAJOR}.x (same llama.cpp version on both sides)")
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
 def rpc_device_list(endpoints: Sequence[str]) -> "ctypes.Array":
     """A NULL-terminated array of the devices of these rpc-servers, for
     ``llama_model_params.devices``. Connects to each server (a clear error if one is down).
@@ -84,6 +122,7 @@ def rpc_device_list(endpoints: Sequence[str]) -> "ctypes.Array":
     rpc, base = _rpc_lib(), _base_lib()
     devs: list = []
     for ep in parse_endpoints(list(endpoints)):
+        probe(ep)
         reg = rpc.ggml_backend_rpc_add_server(ep.encode())
         n = base.ggml_backend_reg_dev_count(reg) if reg else 0
         if n == 0:

@@ -12,9 +12,27 @@ fi
 python -m pip install -q --upgrade pip
 # Build requirements first: the native library is compiled against the *installed*
 # llama-cpp-python (one ggml per process), so the build runs without isolation.
-python -m pip install -q "llama-cpp-python==0.3.36" "scikit-build-core>=0.10" cmake ninja
+python -m pip install -q "scikit-build-core>=0.10" cmake ninja
+# llama-cpp-python with llama.cpp's RPC backend (GGML_RPC=ON: `--rpc`, `moa-cpp rpc-server`).
+# pip's wheel cache keys a source build on the sdist alone, not on CMAKE_ARGS (it would hand back
+# a plain build), so this build is kept in a wheel cache of its own, keyed by its flags.
+LLAMA_FLAGS="-DGGML_RPC=ON"
+WHEELS="${MOA_WHEEL_CACHE:-$HOME/.cache/moa_cpp/wheels}/cpu-rpc"
+has_rpc() { python -c "import llama_cpp,sys; sys.exit(0 if llama_cpp.__version__=='0.3.36' and llama_cpp.llama_supports_rpc() else 1)" 2>/dev/null; }
+if ! has_rpc; then
+  whl=$(ls "$WHEELS"/llama_cpp_python-0.3.36-*.whl 2>/dev/null | head -n 1 || true)
+  if [ -z "$whl" ]; then
+    echo "building llama-cpp-python==0.3.36 with $LLAMA_FLAGS (once: ~7 min on 2 cores; kept in $WHEELS)"
+    mkdir -p "$WHEELS"
+    CMAKE_ARGS="$LLAMA_FLAGS ${CMAKE_ARGS:-}" python -m pip wheel -q --no-deps --no-cache-dir -w "$WHEELS" \
+      "llama-cpp-python==0.3.36"
+    whl=$(ls "$WHEELS"/llama_cpp_python-0.3.36-*.whl | head -n 1)
+  fi
+  python -m pip install -q --force-reinstall --no-deps "$whl"   # replaces a plain build
+  python -m pip install -q "$whl"                                # its dependencies
+fi
 # The trainer's torch: the CPU build on this machine's disk (a bare "torch" would pull a
 # multi-GB CUDA build); everything else installs from pyproject's extras.
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q --no-build-isolation -e ".[test,models,train,bench]"
+python -m pip install -q --no-build-isolation -e ".[test,models,train,bench,server]"
 python -c "import moa_cpp.drafter as d, moa_cpp._native as n; print('moa_cpp ready:', n.LIBRARY_PATH)"
