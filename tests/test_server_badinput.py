@@ -309,7 +309,7 @@ def _problem(status: int, ctype: str, data: bytes) -> "str | None":
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServerProc("--parallel", "2", "--queue", "8")
+    s = ServerProc("--parallel", "2", "--queue", "8", "--body-timeout", "2")
     try:
         yield s
     finally:
@@ -489,3 +489,23 @@ def test_alive_and_correct_after(server, baseline):
         assert list(ex.map(lambda _: _greedy_text(server), range(2))) == [baseline, baseline]
     log = "".join(server.stderr_lines)
     assert "Traceback" not in log and "ERROR" not in log, f"the server logged errors:\n{log[-4000:]}"
+
+
+def test_a_body_that_never_arrives_times_out_with_408(server):
+    """Slowloris: headers promise 100 bytes, 10 arrive; the server answers 408 after
+    --body-timeout (2 s here) instead of holding the connection forever."""
+    import socket as _socket
+    import time as _time
+    with _socket.create_connection((server.host, server.port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{\"prompt\":")
+        t = _time.monotonic()
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 408"), data[:100]
+        assert _time.monotonic() - t < 15
+    assert server.health() == 200

@@ -102,7 +102,16 @@ class Server:
                          req.stops, self._draft_override(req))
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The body, at most ``limit`` bytes, within ``timeout_s`` (a client that trickles or never
+    finishes its body holds a connection, never a session)."""
+    try:
+        return await asyncio.wait_for(_read_body_now(request, limit), timeout_s)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s", code="timeout") from None
+
+
+async def _read_body_now(request: Request, limit: int) -> bytes:
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "application/json":
         raise APIError(415, f"Content-Type must be application/json (got {ctype or 'none'})",
@@ -205,7 +214,7 @@ def _sse(obj: Any) -> bytes:
 
 
 async def _generate(srv: Server, request: Request, model: type, chat: bool) -> Response:
-    body = await _read_body(request, srv.settings.max_body_bytes)
+    body = await _read_body(request, srv.settings.max_body_bytes, srv.settings.body_timeout_s)
     req = parse_body(body, model)
     params = srv.params(req, chat)
     out = _Completion(srv, chat, params)

@@ -61,6 +61,7 @@ class ServerSettings:
     max_tree_nodes: int = 62
     max_chain: int = 16
     retry_after_s: int = 1
+    body_timeout_s: float = 30.0
 
     def session_threads(self) -> int:
         if self.threads:
@@ -105,6 +106,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest max_tokens a request may ask (default: the context size)")
     p.add_argument("--max-tree-nodes", type=_positive, default=62,
                    help="largest tree a request's moa.draft may ask (default 62)")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a client has to send its request body (default 30)")
     p.add_argument("--verbose", dest="llama_verbose", action="store_true", help="show llama.cpp's own log lines")
 
 
@@ -118,4 +121,5 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           parallel=args.parallel, queue=args.queue, n_ctx=args.n_ctx, threads=args.threads,
                           n_gpu_layers=ngl, device=args.device, draft=args.draft, rpc=rpc,
                           model_alias=args.model_alias, max_body_bytes=args.max_body_bytes,
-                          max_tokens_limit=args.max_tokens_limit, max_tree_nodes=args.max_tree_nodes)
+                          max_tokens_limit=args.max_tokens_limit, max_tree_nodes=args.max_tree_nodes,
+                          body_timeout_s=args.body_timeout)
