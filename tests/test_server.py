@@ -242,3 +242,15 @@ def test_non_loopback_bind_without_key_refuses_to_start():
     out = subprocess.run([sys.executable, "-m", "moa_cpp.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
                          capture_output=True, text=True, timeout=60, env={**__import__("os").environ, "MOA_API_KEY": ""})
     assert out.returncode == 2 and "without an API key" in out.stderr and "listening" not in out.stdout
+
+
+def test_stop_strings_cut_streams_and_whole_answers_alike(client, plain):
+    ref = plain.generate(COUNTING, max_tokens=40, stop=[" 12,"])
+    assert ref.finish_reason == "stop" and "12" not in ref.text and ref.text.endswith("11,")
+    r = client.completions.create(model="x", prompt=COUNTING, max_tokens=40, temperature=0, stop=[" 12,"])
+    assert r.choices[0].text == ref.text and r.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(model="x", prompt=COUNTING, max_tokens=40, temperature=0, stop=" 12,",
+                                            stream=True))
+    pieces = [c.choices[0].text for c in chunks if c.choices]
+    assert "".join(pieces) == ref.text                          # no piece of the stop string leaked out
+    assert chunks[-1].choices[0].finish_reason == "stop"
