@@ -5,13 +5,13 @@ extra installs its deps) on the same GGUF, at 1, 2 and 4 concurrent clients.
 
 Servers (all started once, loaded and idle; only one is sent requests at a time):
 
-- ``llama_cpp.server``: ``--n_ctx C --n_threads T --n_threads_batch T`` (T = all usable cores)
+- ``llama`` (llama_cpp.server): ``--n_ctx C --n_threads T --n_threads_batch T`` (T = all usable cores)
   plus ``--llama-args`` (default ``--flash_attn true``, as every llama.cpp row of these
   benchmarks); otherwise its defaults (one Llama, requests served one at a time behind a lock;
   ``logits_all`` true). Requests carry ``repeat_penalty: 1.0`` (its default 1.1 is not greedy);
-- ``moa np1``: ``moa-cpp serve --n-ctx C`` (1 session, all cores, default draft ``auto:8``);
-- ``moa np2``: ``moa-cpp serve --parallel 2`` (2 sessions, cores / 2 threads each);
-- ``moa np1 none``: ``moa-cpp serve --draft none`` (our loop without a drafter).
+- ``moa-np1``: ``moa-cpp serve --n-ctx C`` (1 session, all cores, default draft ``auto:8``);
+- ``moa-np2``: ``moa-cpp serve --parallel 2`` (2 sessions, cores / 2 threads each);
+- ``moa-np1-none``: ``moa-cpp serve --draft none`` (our loop without a drafter).
 
 Clients: N threads posting non-streaming ``/v1/chat/completions`` (one user message: the first
 turn of the eval sets' prompts, ``--prompts`` per set, in turn), ``temperature 0``,
@@ -242,6 +242,9 @@ def main(argv=None) -> int:
     drafter = args.drafter or (defaults.default_drafter() if args.model is None else None)
     prompts = load_prompts(Path(args.data), args.sets, args.prompts)
     info = run_info(args.threads or usable_cores())
+    if info["loadavg"] and info["loadavg"][0] > 0.5 * usable_cores():
+        print(f"warning: load average {info['loadavg'][0]:.1f} on {usable_cores()} cores: llama.cpp slows down many "
+              "times over when other processes compete for the cores; these numbers will not mean much", flush=True)
     procs: dict = {}
     blocks: dict = {s: {c: [] for c in args.concurrency} for s in args.servers}
     try:

@@ -143,3 +143,12 @@ def test_stream_hold_back():
     assert _held_back("hello", ["world"]) == 0
     assert _held_back("abc\ufffd", []) == 1
     assert _held_back("ab", ["abc", "b"]) == 2
+
+
+def test_import_moa_cpp_does_not_import_the_web_stack():
+    import subprocess
+    import sys
+    code = ("import sys, moa_cpp, moa_cpp.cli; moa_cpp.cli.build_parser(); "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('starlette', 'uvicorn', 'openai')]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
