@@ -18,8 +18,11 @@ turn of the eval sets' prompts, ``--prompts`` per set, in turn), ``temperature 0
 ``max_tokens``. For each round, each concurrency level, the servers take turns (their order
 rotates every round), each getting ``--requests`` requests; one warm-up request per server first.
 Client-side: wall time of the block, requests/s, completion tokens/s (``usage.completion_tokens``),
-median / p90 latency. Greedy texts of every moa server are compared with llama_cpp.server's for
-the same prompt (matches / compared: reported, not enforced).
+median / p90 latency. Greedy texts are compared per prompt with ``moa-np1-none`` (plain decoding
+= ``moa-cpp generate --no-draft``: must all match) and with llama_cpp.server's (reported only: it
+reuses the KV cache of the previous prompt's common prefix, so it decodes the rest of a prompt
+in a batch of another size, whose logits differ in the last bits; greedy answers then part at
+near-ties. The same Llama given a fresh cache matches plain decoding token for token).
 
     python bench/serve_load.py                               # 3 rounds x 12 requests x {1,2,4} clients
     python bench/serve_load.py --servers llama moa-np1 --concurrency 1 4 --requests 24
@@ -49,6 +52,7 @@ from _common import md_table, run_info, usable_cores, write_results  # noqa: E40
 REPO = Path(__file__).resolve().parents[1]
 SETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"]
 LLAMA = "llama"
+PLAIN = "moa-np1-none"
 MOA = {"moa-np1": [], "moa-np2": ["--parallel", "2"], "moa-np1-none": ["--draft", "none"]}
 
 
@@ -174,10 +178,15 @@ def summarize(blocks: list) -> dict:
             "tau_mean": statistics.fmean(taus) if taus else None}
 
 
-def text_matches(blocks: dict, server: str) -> tuple:
-    """(responses of ``server`` whose text equals llama_cpp.server's for that prompt, compared)."""
-    ref = {r["prompt"]: r["text"] for bl in blocks.get(LLAMA, {}).values() for b in bl
-           for r in b["requests"] if "text" in r}
+def text_matches(blocks: dict, server: str, ref_server: str) -> tuple:
+    """(responses of ``server`` whose text equals ``ref_server``'s first answer to that prompt,
+    compared)."""
+    ref: dict = {}
+    for bl in blocks.get(ref_server, {}).values():
+        for b in bl:
+            for r in b["requests"]:
+                if "text" in r:
+                    ref.setdefault(r["prompt"], r["text"])
     mine = [r for bl in blocks[server].values() for b in bl for r in b["requests"] if "text" in r]
     cmp = [r for r in mine if r["prompt"] in ref]
     return sum(r["text"] == ref[r["prompt"]] for r in cmp), len(cmp)
@@ -193,10 +202,11 @@ def load_prompts(data_dir: Path, sets: list, n: int) -> list:
 
 def results_table(rows: list) -> str:
     return md_table(["server", "clients", "req/s", "tok/s", "tok/s per round", "latency median s", "p90 s",
-                     "errors", "tau", "texts = llama_cpp.server"],
+                     "errors", "tau", "texts = moa --draft none", "texts = llama_cpp.server"],
                     [[r["server"], r["clients"], f"{r['req_per_s']:.2f}", f"{r['tok_per_s']:.1f}",
                       " ".join(f"{x:.0f}" for x in r["tok_per_s_rounds"]), f"{r['latency_median']:.2f}",
                       f"{r['latency_p90']:.2f}", r["errors"], "" if r["tau_mean"] is None else f"{r['tau_mean']:.2f}",
+                      "" if r["plain_match"] is None else f"{r['plain_match']}/{r['plain_compared']}",
                       "" if r["text_match"] is None else f"{r['text_match']}/{r['text_compared']}"] for r in rows])
 
 
@@ -260,16 +270,18 @@ def main(argv=None) -> int:
                     blocks[s][c].append(b)
                     toks = sum(r.get("tokens", 0) for r in b["requests"])
                     print(f"round {rnd} clients {c} {s}: {b['wall']:.2f} s, {toks / b['wall']:.1f} tok/s", flush=True)
-                start += args.requests
+            start += args.requests          # every level of a round gets the same prompts
     finally:
         for p in procs.values():
             p.stop()
 
     rows = []
     for s in args.servers:
-        m, n = text_matches(blocks, s) if s != LLAMA and LLAMA in blocks else (None, None)
+        m, n = text_matches(blocks, s, LLAMA) if s != LLAMA and LLAMA in blocks else (None, None)
+        pm, pn = text_matches(blocks, s, PLAIN) if PLAIN in blocks else (None, None)
         for c in args.concurrency:
-            rows.append({"server": s, "clients": c, **summarize(blocks[s][c]), "text_match": m, "text_compared": n})
+            rows.append({"server": s, "clients": c, **summarize(blocks[s][c]), "text_match": m, "text_compared": n,
+                         "plain_match": pm, "plain_compared": pn})
     table = results_table(rows)
     print(table)
     header = (f"{model}, drafter {drafter}; {args.rounds} rounds x {args.requests} requests per server and level, "

@@ -233,13 +233,30 @@ async def _generate(srv: Server, request: Request, model: type, chat: bool) -> R
         raise
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_stream(srv, job, out, include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _JobStream(srv, job, _stream(srv, job, out, include_usage), media_type="text/event-stream",
+                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         return JSONResponse(await _until_disconnect(request, _collect(job, out)))
     finally:
         job.cancel()
         srv.jobs.discard(job)
+
+
+class _JobStream(StreamingResponse):
+    """A streaming response that stops its generation however the response ends, even if the
+    client left before the first chunk (then the body generator never starts, and its own
+    ``finally`` never runs)."""
+
+    def __init__(self, srv: Server, job: Job, content: Any, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._srv, self._job = srv, job
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._job.cancel()
+            self._srv.jobs.discard(self._job)
 
 
 async def _collect(job: Job, out: _Completion) -> dict:
