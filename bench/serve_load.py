@@ -31,7 +31,6 @@ Writes bench/results/<machine-label>/<--name>.json/.md/.png (bench/_common.write
 """
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
@@ -47,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import md_table, run_info, usable_cores, write_results  # noqa: E402
+from _common import base_parser, md_table, run_info, usable_cores, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"]
@@ -227,10 +226,7 @@ def plot(plt, rows: list, servers: list):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-m", "--model", help="target GGUF (default: SmolLM2-135M-Instruct Q4_1)")
-    ap.add_argument("-d", "--drafter", help="MoA drafter GGUF (default with the default target: the shipped one)")
+    ap = base_parser(__doc__)
     ap.add_argument("--servers", nargs="+", default=[LLAMA, *MOA], choices=[LLAMA, *MOA])
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4])
     ap.add_argument("--requests", type=int, default=12, help="requests per server, level and round (default 12)")

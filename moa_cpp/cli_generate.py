@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from .argtypes import positive as _positive
 from .errors import InvalidArgumentError
 
 
@@ -13,16 +14,6 @@ def _tree(s: str) -> str:
     if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(f"--tree expects DEPTH,TOPK,TOTAL (positive integers), got {s!r}")
     return "tree:" + ",".join(p.strip() for p in parts)
-
-
-def _positive(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
 
 
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, Union
 
-import numpy as np
 
 from .drafter import DrafterModel, DrafterState
 from .speculative.loop import SpeculativeLoop

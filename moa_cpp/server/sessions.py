@@ -12,7 +12,6 @@ import collections
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from ..generator import SpeculativeGenerator, is_moa_drafter, parse_draft
 from .errors import APIError

@@ -7,35 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-
-def _positive(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
-
-
-def _port(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {s!r}") from None
-    if not 0 <= v < 65536:
-        raise argparse.ArgumentTypeError(f"port must be 0..65535 (0: pick a free one), got {v}")
-    return v
-
-
-def _non_negative(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
-    return v
+from ..argtypes import non_negative as _non_negative, port as _port, positive as _positive
 
 
 @dataclass
