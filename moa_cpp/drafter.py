@@ -95,6 +95,15 @@ class DrafterModel:
         return lib.moa_model_n_embd(self._ptr)
 
     @property
+    def ca_kv_heads(self) -> int:
+        """CA K/V heads: a split commit sends ``2 * ca_kv_heads * head_dim`` values per token."""
+        return lib.moa_model_ca_kv_heads(self._ptr)
+
+    @property
+    def head_dim(self) -> int:
+        return lib.moa_model_head_dim(self._ptr)
+
+    @property
     def n_target_layers(self) -> int:
         return lib.moa_model_n_target_layers(self._ptr)
 
@@ -177,6 +186,34 @@ class DrafterState:
         check(lib.moa_state_commit(self._ptr, _ptr(x, "float *"), T, pos0, _ptr(out.lsa_out, "float *"),
                                    _ptr(out.lsa_mean, "float *"), _ptr(out.ekv, "float *")))
         return out
+
+    def compute_ca(self, lsa_in: np.ndarray, pos0: int) -> tuple[np.ndarray, np.ndarray]:
+        """Server side of a split commit: the CA ``(K, V)``, each ``[T, ca_kv_heads, head_dim]``
+        float32, of verified tokens at positions ``pos0..pos0+T-1`` (K after RoPE). This
+        state's caches are untouched (it is only scratch). :meth:`append_ca` on a client state
+        then leaves the CA cache that :meth:`commit` would (bit for bit in float32)."""
+        m = self.model
+        x = np.ascontiguousarray(lsa_in, dtype=np.float32)
+        if x.ndim != 3 or x.shape[1:] != (m.n_target_layers, m.lsa_width):
+            raise InvalidArgumentError(f"lsa_in must have shape [T, {m.n_target_layers}, {m.lsa_width}], got {list(x.shape)}")
+        k = np.empty((x.shape[0], m.ca_kv_heads, m.head_dim), np.float32)
+        v = np.empty_like(k)
+        check(lib.moa_state_compute_ca(self._ptr, _ptr(x, "float *"), x.shape[0], int(pos0), _ptr(k, "float *"),
+                                       _ptr(v, "float *")))
+        return k, v
+
+    def append_ca(self, k: np.ndarray, v: np.ndarray, pos0: Optional[int] = None) -> None:
+        """Client side of a split commit: store CA entries made by :meth:`compute_ca` (float32, or
+        f16 / any float array: converted) at positions ``pos0..`` (default: ``n_ca``)."""
+        m = self.model
+        kk = np.ascontiguousarray(k, dtype=np.float32)
+        vv = np.ascontiguousarray(v, dtype=np.float32)
+        shape = (m.ca_kv_heads, m.head_dim)
+        if kk.ndim != 3 or kk.shape[1:] != shape or vv.shape != kk.shape:
+            raise InvalidArgumentError(f"k and v must both have shape [T, {shape[0]}, {shape[1]}], got "
+                                       f"{list(kk.shape)} and {list(vv.shape)}")
+        pos0 = self.n_ca if pos0 is None else int(pos0)
+        check(lib.moa_state_append_ca(self._ptr, _ptr(kk, "float *"), _ptr(vv, "float *"), kk.shape[0], pos0))
 
     def draft(self, tokens: Sequence[int], positions: Sequence[int], parents: Optional[Sequence[int]] = None, *,
               feed: Sequence[int] = (), hidden: Optional[np.ndarray] = None) -> np.ndarray:

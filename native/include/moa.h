@@ -43,7 +43,7 @@ extern "C" {
 #  endif
 #endif
 
-#define MOA_ABI_VERSION 2  /* 2: moa_state_feed, moa_state_draft_rows */
+#define MOA_ABI_VERSION 3  /* 2: moa_state_feed, moa_state_draft_rows; 3: compute_ca, append_ca */
 
 enum moa_status {
     MOA_OK                    =  0,
@@ -109,6 +109,8 @@ MOA_API int32_t     moa_model_n_embd(const moa_model * model);
 MOA_API int32_t     moa_model_n_target_layers(const moa_model * model); /* LSA sequence length L                  */
 MOA_API int32_t     moa_model_lsa_width(const moa_model * model);       /* W = 2 * target_kv_heads * key_length   */
 MOA_API int32_t     moa_model_tli(const moa_model * model);
+MOA_API int32_t     moa_model_ca_kv_heads(const moa_model * model);     /* CA K/V heads (split mode payload)      */
+MOA_API int32_t     moa_model_head_dim(const moa_model * model);        /* drafter head dim                       */
 /* Reduced draft vocabulary: if moa_model_n_vocab < moa_model_n_target_vocab, copy the
  * draft->target id map (n_vocab entries) to out and return MOA_OK; else MOA_ERR_INVALID_ARGUMENT. */
 MOA_API int32_t     moa_model_get_d2t(const moa_model * model, int32_t * out);
@@ -137,6 +139,21 @@ MOA_API void        moa_state_free(moa_state * state);
  * failure the CA cache holds the entries written before it. */
 MOA_API int32_t     moa_state_commit(moa_state * state, const float * lsa_in, int32_t n_tokens, moa_pos pos0,
                                      float * lsa_out, float * lsa_mean, float * ekv);
+
+/* Split drafter (client-server mode): the server, which has the target's K/V, computes the CA
+ * K/V of verified tokens; the client, which has no LSA weights, appends them to its CA cache.
+ * moa_state_compute_ca + moa_state_append_ca leave the same CA cache as moa_state_commit (bit
+ * for bit in f32: the same graph computes them).
+ * compute_ca: lsa_in [n_tokens][L][W] (as for commit) at positions pos0 .. pos0+n-1 -> k_out,
+ * v_out [n_tokens][ca_kv_heads][head_dim] (K post-RoPE at its absolute position). The state's
+ * caches are untouched: any state of the model serves as scratch. Needs TLI N == 0.
+ * append_ca: k, v as compute_ca returns them, written at CA positions pos0 .. pos0+n-1; pos0
+ * must be <= moa_state_n_ca (a smaller pos0 first truncates). Drops pending draft rows, as a
+ * commit does. Needs TLI N == 0 (the TLI layers' K/V would have to be sent too). */
+MOA_API int32_t     moa_state_compute_ca(moa_state * state, const float * lsa_in, int32_t n_tokens, moa_pos pos0,
+                                         float * k_out, float * v_out);
+MOA_API int32_t     moa_state_append_ca(moa_state * state, const float * k, const float * v, int32_t n_tokens,
+                                        moa_pos pos0);
 
 /* Feeding and drafting. Feed tokens are tokens whose SA output is not needed (prompt tokens,
  * accepted drafts): they only get SA K/V, appended to the SA context. Draft rows get logits.

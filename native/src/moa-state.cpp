@@ -126,71 +126,148 @@ void alloc(ggml_backend_sched_t sched, ggml_cgraph * gf) {
 
 }  // namespace
 
+void moa_state::check_commit_range(const char * who, int32_t n_tokens, moa_pos pos0) const {
+    if (n_tokens <= 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "%s: need n_tokens > 0", who);
+    if (pos0 < 0 || pos0 > n_ca) {
+        moa_throw(MOA_ERR_INVALID_ARGUMENT, "%s: pos0 %d must be in [0, n_ca = %d] (CA entries are contiguous positions)",
+                  who, pos0, n_ca);
+    }
+    if ((int64_t) pos0 + n_tokens > n_ctx) {
+        moa_throw(MOA_ERR_CACHE_FULL, "%s: positions up to %d exceed the state's n_ctx %d", who, pos0 + n_tokens, n_ctx);
+    }
+}
+
+// ref: §4-§6: LSA -> mean -> Ekv2E, then the CA K/V of that stream.
+void moa_state::build_ca_kv(const moa_graph & g, ggml_tensor * x, ggml_tensor * lpos, ggml_tensor * pos,
+                            ggml_tensor ** k, ggml_tensor ** v, ggml_tensor ** y, ggml_tensor ** mean,
+                            ggml_tensor ** e) const {
+    const moa_hparams & hp = m.hp;
+    ggml_context * ctx = g.ctx;
+    const int64_t T = x->ne[2], D = hp.head_dim;
+    *e = moa_build_lsa_ekv2e(g, m, x, lpos, y, mean);                          // [d, T]
+    // ref: §6 - the CA input norm is shared by the query stream and this K/V stream.
+    ggml_tensor * u = moa_build_norm(g, *e, m.ca.attn_norm);                   // [d, T]
+    *k = moa_build_rope(g, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.ca.wk, u), D, hp.ca_n_kv, T), pos);  // [D, h_ca, T]
+    *v = ggml_mul_mat(ctx, m.ca.wv, u);                                        // [D*h_ca, T]
+}
+
+namespace {
+
+// Layer index of every (token, layer) row and absolute position of every token of a chunk.
+void set_commit_positions(ggml_tensor * lpos, ggml_tensor * pos, int64_t L, int64_t T, int32_t p0) {
+    std::vector<int32_t> lp(L * T), p(T);
+    for (int64_t t = 0; t < T; ++t) {
+        for (int64_t l = 0; l < L; ++l) lp[t * L + l] = (int32_t) l;
+        p[t] = p0 + (int32_t) t;
+    }
+    ggml_backend_tensor_set(lpos, lp.data(), 0, ggml_nbytes(lpos));
+    ggml_backend_tensor_set(pos, p.data(), 0, ggml_nbytes(pos));
+}
+
+}  // namespace
+
 // ref: §4-§6, prefill step 2 and update step 2 of §12.
 void moa_state::commit(const float * lsa_in, int32_t n_tokens, moa_pos pos0, float * lsa_out, float * lsa_mean, float * ekv) {
     const moa_hparams & hp = m.hp;
-    if (n_tokens <= 0 || !lsa_in) moa_throw(MOA_ERR_INVALID_ARGUMENT, "commit: need n_tokens > 0 and lsa_in");
-    if (pos0 < 0 || pos0 > n_ca) {
-        moa_throw(MOA_ERR_INVALID_ARGUMENT, "commit: pos0 %d must be in [0, n_ca = %d] (CA entries are contiguous positions)", pos0, n_ca);
-    }
-    if ((int64_t) pos0 + n_tokens > n_ctx) {
-        moa_throw(MOA_ERR_CACHE_FULL, "commit: positions up to %d exceed the state's n_ctx %d", pos0 + n_tokens, n_ctx);
-    }
-    const int64_t L = hp.n_target_layers, W = hp.lsa_width, d = hp.n_embd, D = hp.head_dim;
+    if (!lsa_in) moa_throw(MOA_ERR_INVALID_ARGUMENT, "commit: need n_tokens > 0 and lsa_in");
+    check_commit_range("commit", n_tokens, pos0);
+    const int64_t L = hp.n_target_layers, W = hp.lsa_width, d = hp.n_embd;
     // A commit starts a new cycle: pending draft rows (whose TLI scratch slots follow n_ca)
     // are dropped.
     draft_parent.clear();
     // A smaller pos0 truncates first. n_ca advances after each complete chunk, so after a
     // (backend) failure the cache holds exactly the entries that were fully written.
     n_ca = pos0;
-    {
-        for (int32_t off = 0; off < n_tokens; off += n_batch) {
-            const int32_t T = std::min(n_batch, n_tokens - off);
-            graph_ctx gc(graph_mem);
-            ggml_context * ctx = gc.ctx;
-            moa_graph g{ctx, hp};
-            ggml_tensor * x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, W, L, T);  // [W, L, T]
-            ggml_set_input(x);
-            ggml_tensor * lpos = input(ctx, GGML_TYPE_I32, L * T);
-            ggml_tensor * pos = input(ctx, GGML_TYPE_I32, T);
-            ggml_tensor * y = nullptr, * mean = nullptr;
-            ggml_tensor * e = moa_build_lsa_ekv2e(g, m, x, lpos, &y, &mean);   // [d, T]
-            // ref: §6 - the CA input norm is shared by the query stream and this K/V stream.
-            ggml_tensor * u = moa_build_norm(g, e, m.ca.attn_norm);             // [d, T]
-            ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.ca.wk, u), D, hp.ca_n_kv, T);  // [D, h_ca, T]
-            k = moa_build_rope(g, k, pos);
-            ggml_tensor * v = ggml_mul_mat(ctx, m.ca.wv, u);                     // [D*h_ca, T]
-            if (lsa_out) { ggml_set_output(y); ggml_build_forward_expand(gc.gf, y); }
-            if (lsa_mean) { ggml_set_output(mean); ggml_build_forward_expand(gc.gf, mean); }
-            if (ekv) { ggml_set_output(e); ggml_build_forward_expand(gc.gf, e); }
-            moa_store_kv(ctx, gc.gf, ca_k, ca_v, k, v, n_ca);
-            // TLI: keep the target's own K/V of the reused layers (HF layout, like the weights'
-            // un-permuted q/k rows) for the drafted rows' attention.
-            const int64_t Dt = hp.target_head_dim, Hkv = hp.target_n_kv, n_tli = (int64_t) tli_k.size();
-            for (int64_t i = 0; i < n_tli; ++i) {
-                const int64_t l = L - n_tli + i;
-                const size_t es = ggml_element_size(x);
-                ggml_tensor * kl = ggml_view_3d(ctx, x, Dt, Hkv, T, 2 * Dt * es, x->nb[2], l * x->nb[1]);            // [Dt, Hkv, T]
-                ggml_tensor * vl = ggml_view_3d(ctx, x, Dt, Hkv, T, 2 * Dt * es, x->nb[2], l * x->nb[1] + Dt * es);
-                vl = ggml_reshape_2d(ctx, ggml_cont(ctx, vl), Dt * Hkv, T);                                         // [Dt*Hkv, T]
-                moa_store_kv(ctx, gc.gf, tli_k[i], tli_v[i], kl, vl, n_ca);
-            }
-
-            alloc(sched, gc.gf);
-            ggml_backend_tensor_set(x, lsa_in + (size_t) off * L * W, 0, ggml_nbytes(x));
-            std::vector<int32_t> lp(L * T), p(T);
-            for (int64_t t = 0; t < T; ++t) {
-                for (int64_t l = 0; l < L; ++l) lp[t * L + l] = (int32_t) l;
-                p[t] = n_ca + (int32_t) t;
-            }
-            ggml_backend_tensor_set(lpos, lp.data(), 0, ggml_nbytes(lpos));
-            ggml_backend_tensor_set(pos, p.data(), 0, ggml_nbytes(pos));
-            compute(sched, gc.gf);
-            if (lsa_out) ggml_backend_tensor_get(y, lsa_out + (size_t) off * L * W, 0, ggml_nbytes(y));
-            if (lsa_mean) ggml_backend_tensor_get(mean, lsa_mean + (size_t) off * W, 0, ggml_nbytes(mean));
-            if (ekv) ggml_backend_tensor_get(e, ekv + (size_t) off * d, 0, ggml_nbytes(e));
-            n_ca += T;
+    for (int32_t off = 0; off < n_tokens; off += n_batch) {
+        const int32_t T = std::min(n_batch, n_tokens - off);
+        graph_ctx gc(graph_mem);
+        ggml_context * ctx = gc.ctx;
+        moa_graph g{ctx, hp};
+        ggml_tensor * x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, W, L, T);  // [W, L, T]
+        ggml_set_input(x);
+        ggml_tensor * lpos = input(ctx, GGML_TYPE_I32, L * T);
+        ggml_tensor * pos = input(ctx, GGML_TYPE_I32, T);
+        ggml_tensor * k, * v, * y = nullptr, * mean = nullptr, * e;
+        build_ca_kv(g, x, lpos, pos, &k, &v, &y, &mean, &e);
+        if (lsa_out) { ggml_set_output(y); ggml_build_forward_expand(gc.gf, y); }
+        if (lsa_mean) { ggml_set_output(mean); ggml_build_forward_expand(gc.gf, mean); }
+        if (ekv) { ggml_set_output(e); ggml_build_forward_expand(gc.gf, e); }
+        moa_store_kv(ctx, gc.gf, ca_k, ca_v, k, v, n_ca);
+        // TLI: keep the target's own K/V of the reused layers (HF layout, like the weights'
+        // un-permuted q/k rows) for the drafted rows' attention.
+        const int64_t Dt = hp.target_head_dim, Hkv = hp.target_n_kv, n_tli = (int64_t) tli_k.size();
+        for (int64_t i = 0; i < n_tli; ++i) {
+            const int64_t l = L - n_tli + i;
+            const size_t es = ggml_element_size(x);
+            ggml_tensor * kl = ggml_view_3d(ctx, x, Dt, Hkv, T, 2 * Dt * es, x->nb[2], l * x->nb[1]);            // [Dt, Hkv, T]
+            ggml_tensor * vl = ggml_view_3d(ctx, x, Dt, Hkv, T, 2 * Dt * es, x->nb[2], l * x->nb[1] + Dt * es);
+            vl = ggml_reshape_2d(ctx, ggml_cont(ctx, vl), Dt * Hkv, T);                                         // [Dt*Hkv, T]
+            moa_store_kv(ctx, gc.gf, tli_k[i], tli_v[i], kl, vl, n_ca);
         }
+
+        alloc(sched, gc.gf);
+        ggml_backend_tensor_set(x, lsa_in + (size_t) off * L * W, 0, ggml_nbytes(x));
+        set_commit_positions(lpos, pos, L, T, n_ca);
+        compute(sched, gc.gf);
+        if (lsa_out) ggml_backend_tensor_get(y, lsa_out + (size_t) off * L * W, 0, ggml_nbytes(y));
+        if (lsa_mean) ggml_backend_tensor_get(mean, lsa_mean + (size_t) off * W, 0, ggml_nbytes(mean));
+        if (ekv) ggml_backend_tensor_get(e, ekv + (size_t) off * d, 0, ggml_nbytes(e));
+        n_ca += T;
+    }
+}
+
+// Server side of a split commit: the same graph as commit, its K/V copied out instead of stored.
+void moa_state::compute_ca(const float * lsa_in, int32_t n_tokens, moa_pos pos0, float * k_out, float * v_out) {
+    const moa_hparams & hp = m.hp;
+    if (!lsa_in || !k_out || !v_out) moa_throw(MOA_ERR_INVALID_ARGUMENT, "compute_ca: lsa_in, k_out and v_out are required");
+    if (!tli_k.empty()) moa_throw(MOA_ERR_INVALID_ARGUMENT, "compute_ca: split mode needs TLI N == 0 (this drafter has %d)", (int) tli_k.size());
+    if (n_tokens <= 0 || pos0 < 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "compute_ca: need n_tokens > 0 and pos0 >= 0");
+    const int64_t L = hp.n_target_layers, W = hp.lsa_width, kv = (int64_t) hp.head_dim * hp.ca_n_kv;
+    for (int32_t off = 0; off < n_tokens; off += n_batch) {
+        const int32_t T = std::min(n_batch, n_tokens - off);
+        graph_ctx gc(graph_mem);
+        moa_graph g{gc.ctx, hp};
+        ggml_tensor * x = ggml_new_tensor_3d(gc.ctx, GGML_TYPE_F32, W, L, T);
+        ggml_set_input(x);
+        ggml_tensor * lpos = input(gc.ctx, GGML_TYPE_I32, L * T);
+        ggml_tensor * pos = input(gc.ctx, GGML_TYPE_I32, T);
+        ggml_tensor * k, * v, * y = nullptr, * mean = nullptr, * e;
+        build_ca_kv(g, x, lpos, pos, &k, &v, &y, &mean, &e);
+        ggml_set_output(k);
+        ggml_set_output(v);
+        ggml_build_forward_expand(gc.gf, k);
+        ggml_build_forward_expand(gc.gf, v);
+        alloc(sched, gc.gf);
+        ggml_backend_tensor_set(x, lsa_in + (size_t) off * L * W, 0, ggml_nbytes(x));
+        set_commit_positions(lpos, pos, L, T, pos0 + off);
+        compute(sched, gc.gf);
+        ggml_backend_tensor_get(k, k_out + (size_t) off * kv, 0, ggml_nbytes(k));  // [T][h_ca][D]
+        ggml_backend_tensor_get(v, v_out + (size_t) off * kv, 0, ggml_nbytes(v));
+    }
+}
+
+// Client side of a split commit: store K/V computed by compute_ca (no LSA weights needed).
+void moa_state::append_ca(const float * k_in, const float * v_in, int32_t n_tokens, moa_pos pos0) {
+    const moa_hparams & hp = m.hp;
+    if (!k_in || !v_in) moa_throw(MOA_ERR_INVALID_ARGUMENT, "append_ca: k and v are required");
+    if (!tli_k.empty()) moa_throw(MOA_ERR_INVALID_ARGUMENT, "append_ca: split mode needs TLI N == 0 (this drafter has %d)", (int) tli_k.size());
+    check_commit_range("append_ca", n_tokens, pos0);
+    const int64_t D = hp.head_dim, H = hp.ca_n_kv;
+    draft_parent.clear();
+    n_ca = pos0;
+    for (int32_t off = 0; off < n_tokens; off += n_batch) {
+        const int32_t T = std::min(n_batch, n_tokens - off);
+        graph_ctx gc(graph_mem);
+        ggml_tensor * k = ggml_new_tensor_3d(gc.ctx, GGML_TYPE_F32, D, H, T);
+        ggml_tensor * v = ggml_new_tensor_2d(gc.ctx, GGML_TYPE_F32, D * H, T);
+        ggml_set_input(k);
+        ggml_set_input(v);
+        moa_store_kv(gc.ctx, gc.gf, ca_k, ca_v, k, v, n_ca);
+        alloc(sched, gc.gf);
+        ggml_backend_tensor_set(k, k_in + (size_t) off * D * H, 0, ggml_nbytes(k));
+        ggml_backend_tensor_set(v, v_in + (size_t) off * D * H, 0, ggml_nbytes(v));
+        compute(sched, gc.gf);
+        n_ca += T;
     }
 }
 

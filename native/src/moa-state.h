@@ -40,6 +40,9 @@ struct moa_state {
     moa_state & operator=(const moa_state &) = delete;
 
     void commit(const float * lsa_in, int32_t n_tokens, moa_pos pos0, float * lsa_out, float * lsa_mean, float * ekv);
+    // Split commit: the CA K/V of verified tokens out (caches untouched) / in (appended).
+    void compute_ca(const float * lsa_in, int32_t n_tokens, moa_pos pos0, float * k_out, float * v_out);
+    void append_ca(const float * k, const float * v, int32_t n_tokens, moa_pos pos0);
     // Context tokens only (SA K/V at positions n_sa..); n_feed == 0 is a no-op.
     void feed(int32_t n_feed, const moa_token * tokens);
     // Draft rows only (n_draft > 0).
@@ -53,6 +56,10 @@ struct moa_state {
 
 private:
     void release();
+    void check_commit_range(const char * who, int32_t n_tokens, moa_pos pos0) const;
+    // LSA -> mean -> Ekv2E -> CA norm -> CA K (RoPE at pos) / V of one chunk [W, L, T].
+    void build_ca_kv(const struct moa_graph & g, ggml_tensor * x, ggml_tensor * lpos, ggml_tensor * pos,
+                     ggml_tensor ** k, ggml_tensor ** v, ggml_tensor ** y, ggml_tensor ** mean, ggml_tensor ** e) const;
     void validate(const char * who, int32_t n_feed, const moa_token * feed, int32_t n_draft, const moa_token * tokens,
                   const moa_pos * pos, const int32_t * parents, const float * logits) const;
     void run(int32_t n_feed, const moa_token * feed, int32_t n_draft, const moa_token * tokens, const moa_pos * pos,

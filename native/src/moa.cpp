@@ -51,6 +51,8 @@ int32_t moa_model_n_embd(const moa_model * m) { return m ? m->hp.n_embd : 0; }
 int32_t moa_model_n_target_layers(const moa_model * m) { return m ? m->hp.n_target_layers : 0; }
 int32_t moa_model_lsa_width(const moa_model * m) { return m ? m->hp.lsa_width : 0; }
 int32_t moa_model_tli(const moa_model * m) { return m ? m->hp.tli : 0; }
+int32_t moa_model_ca_kv_heads(const moa_model * m) { return m ? m->hp.ca_n_kv : 0; }
+int32_t moa_model_head_dim(const moa_model * m) { return m ? m->hp.head_dim : 0; }
 const char * moa_model_device(const moa_model * m) { return m ? m->device_name.c_str() : ""; }
 
 int32_t moa_model_get_d2t(const moa_model * m, int32_t * out) {
@@ -86,6 +88,23 @@ int32_t moa_state_commit(moa_state * s, const float * lsa_in, int32_t n_tokens, 
     return moa_guard_status([&] {
         MOA_CHECK_ARG(s, "moa_state_commit: state is NULL");
         s->commit(lsa_in, n_tokens, pos0, lsa_out, lsa_mean, ekv);
+        return (int32_t) MOA_OK;
+    });
+}
+
+int32_t moa_state_compute_ca(moa_state * s, const float * lsa_in, int32_t n_tokens, moa_pos pos0, float * k_out,
+                             float * v_out) {
+    return moa_guard_status([&] {
+        MOA_CHECK_ARG(s, "moa_state_compute_ca: state is NULL");
+        s->compute_ca(lsa_in, n_tokens, pos0, k_out, v_out);
+        return (int32_t) MOA_OK;
+    });
+}
+
+int32_t moa_state_append_ca(moa_state * s, const float * k, const float * v, int32_t n_tokens, moa_pos pos0) {
+    return moa_guard_status([&] {
+        MOA_CHECK_ARG(s, "moa_state_append_ca: state is NULL");
+        s->append_ca(k, v, n_tokens, pos0);
         return (int32_t) MOA_OK;
     });
 }
