@@ -24,6 +24,7 @@ from ..errors import MoaError
 from ..generator import parse_draft
 from .auth import KeyChecker, offered_key
 from .errors import APIError, bad_request
+from .remote_routes import RemoteAPI
 from .schemas import ChatRequest, CompletionRequest, parse_body
 from .sessions import SessionPool, model_id
 from .settings import ServerSettings
@@ -103,6 +104,15 @@ class Server:
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """A JSON body (415 otherwise), at most ``limit`` bytes, within ``timeout_s``."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        raise APIError(415, f"Content-Type must be application/json (got {ctype or 'none'})",
+                       code="unsupported_media_type")
+    return await _read_body_raw(request, limit, timeout_s)
+
+
+async def _read_body_raw(request: Request, limit: int, timeout_s: float) -> bytes:
     """The body, at most ``limit`` bytes, within ``timeout_s`` (a client that trickles or never
     finishes its body holds a connection, never a session)."""
     try:
@@ -112,10 +122,6 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
 
 
 async def _read_body_now(request: Request, limit: int) -> bytes:
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype != "application/json":
-        raise APIError(415, f"Content-Type must be application/json (got {ctype or 'none'})",
-                       code="unsupported_media_type")
     declared = request.headers.get("content-length")
     if declared is not None and not declared.strip().isdigit():
         raise bad_request("invalid Content-Length header")
@@ -343,6 +349,7 @@ def create_app(settings: ServerSettings, sessions: list) -> Starlette:
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        *RemoteAPI(srv).routes(),
     ], exception_handlers={APIError: api_error, HTTPException: http_error,
                            ClientDisconnect: client_gone, Exception: server_error})
     app.state.server = srv

@@ -1,0 +1,177 @@
+"""The MoA protocol's routes on the ``moa-cpp serve`` process (same keys, limits and session pool
+as the OpenAI routes): ``GET /moa/v1/info``, ``POST /moa/v1/sessions`` (open),
+``POST /moa/v1/sessions/{id}/verify``, ``DELETE /moa/v1/sessions/{id}``.
+
+A remote session holds a pool session from open until it is closed, its generation ends, or it
+stays idle ``IDLE_S`` seconds (reaped at the next open). Another key's session is a 404.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..remote import protocol as P
+from ..speculative.types import SamplingParams
+from .auth import offered_key
+from .errors import APIError
+from .remote_sessions import RemoteSession, check_state, new_session, open_generation, verify_cycle
+
+IDLE_S = 300.0
+MAX_PROMPT = 1 << 16
+
+
+def _err(e: P.ProtocolError) -> APIError:
+    return APIError(e.status, str(e), code=e.kind)
+
+
+class RemoteAPI:
+    def __init__(self, srv: Any) -> None:
+        self.srv = srv
+        self.sessions: dict = {}
+        self.locks: dict = {}
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _body(self, request: Request) -> tuple:
+        from .app import _read_body_raw
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        body = await _read_body_raw(request, self.srv.settings.max_body_bytes, self.srv.settings.body_timeout_s)
+        try:
+            return P.decode_body(body, ctype, self.srv.settings.max_body_bytes), ctype
+        except P.ProtocolError as e:
+            raise _err(e) from None
+
+    def _reply(self, obj: dict, ctype: str) -> Response:
+        return Response(P.encode_body(obj, ctype), media_type=ctype)
+
+    def _owner(self, request: Request) -> bytes:
+        return hashlib.sha256((offered_key(request.scope.get("headers", ())) or "").encode()).digest()
+
+    def _session(self, request: Request) -> RemoteSession:
+        rs = self.sessions.get(request.path_params["sid"])
+        if rs is None or rs.closed or rs.owner != self._owner(request):
+            raise APIError(404, "no such session (closed, expired, or the server restarted)", code="session_not_found")
+        return rs
+
+    def _close(self, rs: RemoteSession) -> None:
+        if not rs.closed:
+            rs.closed = True
+            self.sessions.pop(rs.id, None)
+            self.locks.pop(rs.id, None)
+            self.srv.pool.release(rs.pool_session)
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for rs in list(self.sessions.values()):
+            if now - rs.last_used > IDLE_S and not self.locks[rs.id].locked():
+                self._close(rs)
+
+    async def _run(self, fn: Any, *args: Any) -> dict:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.srv.executor, fn, *args)
+        except P.ProtocolError as e:
+            raise _err(e) from None
+        except ValueError as e:
+            raise APIError(422, str(e), code="invalid_request") from None
+
+    # ------------------------------------------------------------------ routes
+
+    async def info(self, request: Request) -> Response:
+        gen = self.srv.pool.sessions[0].gen
+        m = gen.state.model if gen.state is not None else None
+        return JSONResponse({"model": self.srv.model, "protocol": P.VERSION, "n_vocab": gen.target.n_vocab,
+                             "n_ctx": self.srv.n_ctx, "ca_dtypes": list(P.CA_DTYPES),
+                             "ca_heads": m.ca_kv_heads if m else None, "ca_dim": m.head_dim if m else None,
+                             "tli": m.tli if m else None,
+                             "limits": {"max_tree_nodes": self.srv.settings.max_tree_nodes,
+                                        "max_body_bytes": self.srv.settings.max_body_bytes}})
+
+    async def open(self, request: Request) -> Response:
+        msg, ctype = await self._body(request)
+        try:
+            prompt = P.unpack_ints(msg.get("prompt"), "<i4", "prompt", MAX_PROMPT)
+            sp = _sampling(msg.get("sampling", {}))
+            ca_dtype = msg.get("ca_dtype", "f16")
+            if ca_dtype not in P.CA_DTYPES:
+                raise P.ProtocolError(f"ca_dtype must be one of {', '.join(P.CA_DTYPES)}", "invalid_field")
+            max_tokens = P.get_int(msg, "max_tokens", 1, self.srv.max_tokens_limit, 256)
+            P.get_int(msg, "seq", 0, 2 ** 62)
+        except P.ProtocolError as e:
+            raise _err(e) from None
+        n_vocab = self.srv.pool.sessions[0].gen.target.n_vocab
+        if prompt.size == 0 or prompt.min() < 0 or prompt.max() >= n_vocab:
+            raise APIError(422, f"prompt: 1.. token ids in [0, {n_vocab})", code="invalid_field")
+        if prompt.size >= self.srv.n_ctx:
+            raise APIError(422, f"the prompt ({prompt.size} tokens) does not fit the context ({self.srv.n_ctx})",
+                           code="context_full")
+        self._reap()
+        pool_session = await self.srv.pool.acquire()
+        try:
+            rs = new_session(pool_session, offered_key(request.scope.get("headers", ())), ca_dtype)
+        except P.ProtocolError as e:
+            self.srv.pool.release(pool_session)
+            raise _err(e) from None
+        self.sessions[rs.id] = rs
+        self.locks[rs.id] = asyncio.Lock()
+        async with self.locks[rs.id]:
+            try:
+                out = await self._run(open_generation, rs, prompt, sp, max_tokens)
+            except BaseException:
+                self._close(rs)
+                raise
+            if rs.g.finished:
+                self._close(rs)
+        return self._reply(out, ctype)
+
+    async def verify(self, request: Request) -> Response:
+        rs = self._session(request)
+        msg, ctype = await self._body(request)
+        async with self.locks.get(rs.id) or asyncio.Lock():
+            if rs.closed:
+                raise APIError(404, "no such session", code="session_not_found")
+            try:
+                seq = P.get_int(msg, "seq", 0, 2 ** 62)
+                n = P.get_int(msg, "n", 0, 2 ** 31)
+                root = P.get_int(msg, "root", 0, 2 ** 31)
+                nodes = self.srv.settings.max_tree_nodes
+                tokens = P.unpack_ints(msg.get("tokens", b""), "<i4", "tokens", nodes)
+                parents = P.unpack_ints(msg.get("parents", b""), "<i2", "parents", nodes)
+                P.check_tree(tokens, parents, rs.loop.target.n_vocab, nodes)
+                check_state(rs, seq, n, root)
+            except P.ProtocolError as e:
+                raise _err(e) from None
+            rs.last_seq = seq
+            rs.last_used = time.monotonic()
+            out = await self._run(verify_cycle, rs, tokens, parents)
+            out["seq"] = seq
+            if rs.g.finished:
+                self._close(rs)
+        return self._reply(out, ctype)
+
+    async def close(self, request: Request) -> Response:
+        rs = self._session(request)
+        async with self.locks.get(rs.id) or asyncio.Lock():
+            self._close(rs)
+        return Response(status_code=204)
+
+    def routes(self) -> list:
+        return [Route("/moa/v1/info", self.info, methods=["GET"]),
+                Route("/moa/v1/sessions", self.open, methods=["POST"]),
+                Route("/moa/v1/sessions/{sid}/verify", self.verify, methods=["POST"]),
+                Route("/moa/v1/sessions/{sid}", self.close, methods=["DELETE"])]
+
+
+def _sampling(s: Any) -> SamplingParams:
+    if not isinstance(s, dict):
+        raise P.ProtocolError("sampling must be a map", "invalid_field")
+    seed = s.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63):
+        raise P.ProtocolError("sampling.seed must be an integer >= 0", "invalid_field")
+    return SamplingParams(P.get_float(s, "temperature", 0.0, 100.0, 0.0), P.get_int(s, "top_k", 0, 2 ** 31, 0),
+                          P.get_float(s, "top_p", 1e-9, 1.0, 1.0), seed)
