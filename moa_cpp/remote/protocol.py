@@ -66,7 +66,7 @@ def decode_body(body: bytes, content_type: str, max_len: int = 1 << 20) -> dict:
         raise ProtocolError(f"malformed body: {type(e).__name__}", "malformed_body") from None
     if not isinstance(obj, dict):
         raise ProtocolError("the body must be a map / object", "malformed_body")
-    if obj.get("v") != VERSION:
+    if type(obj.get("v")) is not int or obj["v"] != VERSION:      # True == 1 in Python: not a version
         raise ProtocolError(f"unsupported protocol version {obj.get('v')!r} (this server speaks {VERSION})",
                             "unsupported_version")
     return obj

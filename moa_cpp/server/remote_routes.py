@@ -101,7 +101,7 @@ class RemoteAPI:
             if ca_dtype not in P.CA_DTYPES:
                 raise P.ProtocolError(f"ca_dtype must be one of {', '.join(P.CA_DTYPES)}", "invalid_field")
             max_tokens = P.get_int(msg, "max_tokens", 1, self.srv.max_tokens_limit, 256)
-            P.get_int(msg, "seq", 0, 2 ** 62)
+            seq = P.get_int(msg, "seq", 0, 2 ** 62)
         except P.ProtocolError as e:
             raise _err(e) from None
         n_vocab = self.srv.pool.sessions[0].gen.target.n_vocab
@@ -117,6 +117,7 @@ class RemoteAPI:
         except P.ProtocolError as e:
             self.srv.pool.release(pool_session)
             raise _err(e) from None
+        rs.last_seq = seq
         self.sessions[rs.id] = rs
         self.locks[rs.id] = asyncio.Lock()
         async with self.locks[rs.id]:
