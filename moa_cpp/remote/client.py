@@ -20,8 +20,10 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 from urllib.parse import urlparse
+
+import numpy as np
 
 
 from ..drafter import DrafterModel, DrafterState
@@ -40,8 +42,31 @@ class RemoteError(RuntimeError):
 
 
 @dataclass
+class Event:
+    """What the user sees (spec §3.4). kind "tokens": ``ids`` at generated index ``pos``,
+    ``verified`` or not; "confirm": ``n`` pending unverified tokens from ``pos`` became verified;
+    "rollback": the last ``n`` unverified tokens (from ``pos``) are withdrawn; "status":
+    ``state`` in connected / disconnected / reconnected / reopened / gave_up."""
+
+    kind: str
+    pos: int
+    ids: tuple = ()
+    verified: bool = True
+    n: int = 0
+    state: str = ""
+
+
+@dataclass
 class RemoteStats:
     server_calls: int = 0
+    open_calls: int = 0
+    reopen_calls: int = 0
+    disconnections: int = 0
+    resyncs: int = 0
+    unverified_tokens: int = 0
+    unverified_confirmed: int = 0
+    unverified_rolled_back: int = 0
+    offline_s: float = 0.0
     verify_calls: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -63,10 +88,12 @@ class RemoteStats:
 
 @dataclass
 class RemoteResult:
-    text: str
-    tokens: list
-    finish_reason: str
+    text: str                     # the verified text
+    tokens: list                  # verified token ids
+    finish_reason: str            # stop / length / unverified (the server never came back)
     stats: RemoteStats = field(default_factory=RemoteStats)
+    unverified: list = field(default_factory=list)
+    events: list = field(default_factory=list)
 
 
 class _Transport:
@@ -133,7 +160,8 @@ class RemoteGenerator:
 
     def __init__(self, url: str, *, drafter: Union[str, Path], target: Union[str, Path],
                  api_key: Optional[str] = None, draft: str = "chain:4", ca_dtype: str = "f16", timeout: float = 30.0,
-                 n_ctx: int = 4096, n_threads: Optional[int] = None, use_msgpack: bool = True) -> None:
+                 n_ctx: int = 4096, n_threads: Optional[int] = None, use_msgpack: bool = True,
+                 max_unverified: int = 128, resync_wait: float = 30.0, probe_timeout: float = 1.0) -> None:
         import llama_cpp
         if ca_dtype not in P.CA_DTYPES:
             raise ValueError(f"ca_dtype must be one of {', '.join(P.CA_DTYPES)}")
@@ -142,7 +170,9 @@ class RemoteGenerator:
             raise ValueError("draft must be chain:N or tree:D,K,T in client-server mode")
         self.ca_dtype = ca_dtype
         self.model = DrafterModel(drafter, target, n_threads=n_threads)
-        self.state = DrafterState(self.model, n_ctx=n_ctx, n_draft_max=1 + 16 * 16)
+        self.max_unverified, self.resync_wait, self.probe_timeout = int(max_unverified), resync_wait, probe_timeout
+        # offline drafting keeps the unverified chain as pending draft rows
+        self.state = DrafterState(self.model, n_ctx=n_ctx, n_draft_max=max(1 + 16 * 16, self.max_unverified + 2))
         self.proposer = MoAProposer(self.state, self.draft)
         self.vocab = llama_cpp.Llama(str(target), vocab_only=True, verbose=False)
         ctype = P.MSGPACK if use_msgpack and P._has_msgpack() else P.JSON
@@ -155,48 +185,16 @@ class RemoteGenerator:
         return [int(t) for t in prompt]
 
     def generate(self, prompt: Union[str, Sequence[int]], *, max_tokens: int = 256, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None) -> RemoteResult:
-        ids = self.encode(prompt)
-        st = RemoteStats()
+                 top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None,
+                 on_event: Optional[Callable[[Event], None]] = None) -> RemoteResult:
+        """Generate; through a disconnection it keeps drafting alone (unverified tokens), then
+        resyncs (or reopens by replay) when the server is back. ``on_event`` sees every
+        :class:`Event` as it happens."""
         sampling = {"temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p)}
         if seed is not None:
             sampling["seed"] = int(seed)
-        seq = 0
-        r = self.http.call("POST", "/moa/v1/sessions", {"v": P.VERSION, "seq": seq, "prompt": P.pack_i32(ids),
-                                                         "sampling": sampling, "ca_dtype": self.ca_dtype,
-                                                         "max_tokens": int(max_tokens)}, st)
-        sid = r["session"]
-        self.state.rollback(0)
-        self._append(r)
-        out = self._tokens(r)
-        feed, n, root, done = list(ids), r["n"], r["root"], r["eog"]
-        greedy = SamplingParams()
-        try:
-            while not done:
-                t = time.perf_counter()
-                prop = self.proposer.propose(feed, root, n, greedy, None, self.draft)
-                st.t_drafter += time.perf_counter() - t
-                seq += 1
-                r = self.http.call("POST", f"/moa/v1/sessions/{sid}/verify",
-                                   {"v": P.VERSION, "seq": seq, "n": n, "root": root,
-                                    "tokens": P.pack_i32(prop.tokens), "parents": P.pack_i16(prop.parents)}, st)
-                st.verify_calls += 1
-                st.drafted += prop.n
-                st.accepted += int(r["accepted"])
-                self._append(r)
-                new = self._tokens(r)
-                out += new
-                feed = [root] + new[: int(r["accepted"])]
-                n, root, done = r["n"], r["root"], r["eog"]
-        finally:
-            if not done:
-                try:
-                    self.http.call("DELETE", f"/moa/v1/sessions/{sid}", None, st)
-                except (OSError, RemoteError, http.client.HTTPException):
-                    pass
-        st.n_generated = len(out)
-        text = self.vocab.detokenize(out).decode("utf-8", "replace")
-        return RemoteResult(text, out, r.get("finish_reason") or "length", st)
+        run = _Run(self, self.encode(prompt), int(max_tokens), sampling, on_event)
+        return run.go()
 
     def _append(self, r: dict) -> None:
         k, v, pos0 = P.decode_ca(r["ca"], self.model.ca_kv_heads, self.model.head_dim, 1 << 20)
@@ -208,3 +206,245 @@ class RemoteGenerator:
 
     def close(self) -> None:
         self.http.close()
+
+
+# ---------------------------------------------------------------------------- one generation
+
+class Unavailable(Exception):
+    """The server cannot be reached (refused, reset, timed out, 502-504): go offline."""
+
+
+_UNAVAILABLE = (OSError, http.client.HTTPException)
+
+
+class _Run:
+    """The state of one remote generation.
+
+    ``out``: verified generated tokens, the last one the root (at position ``n``, not yet decoded
+    by the target); ``unverified``: tokens drafted past the root while the server was away (CA
+    frozen). Verified tokens are never withdrawn; each unverified one is confirmed or rolled back
+    exactly once.
+    """
+
+    MAX_CHAIN = 62          # tokens per verify of an unverified tail (a 63-row batch)
+
+    def __init__(self, gen: "RemoteGenerator", prompt: list, max_tokens: int, sampling: dict,
+                 on_event: Optional[Callable]) -> None:
+        self.g, self.prompt, self.max_tokens, self.sampling = gen, prompt, max_tokens, sampling
+        self.on_event = on_event
+        self.st = RemoteStats()
+        self.events: list = []
+        self.out: list = []
+        self.unverified: list = []
+        self.feed: list = list(prompt)
+        self.sid: Optional[str] = None
+        self.seq = 0
+        self.n = 0
+        self.done = False
+        self.finish = "length"
+
+    # -------------------------------------------------------------- events
+
+    def _emit(self, ev: Event) -> None:
+        self.events.append(ev)
+        if self.on_event is not None:
+            self.on_event(ev)
+
+    @property
+    def root(self) -> int:
+        return self.out[-1]
+
+    # -------------------------------------------------------------- server calls
+
+    def _call(self, method: str, path: str, obj: Optional[dict]) -> dict:
+        try:
+            return self.g.http.call(method, path, obj, self.st)
+        except RemoteError as e:
+            if e.status in (502, 503, 504):
+                raise Unavailable(str(e)) from None
+            raise
+        except _UNAVAILABLE as e:
+            raise Unavailable(f"{type(e).__name__}: {e}") from None
+
+    def _open(self, replay: bool) -> dict:
+        msg = {"v": P.VERSION, "seq": self.seq, "prompt": P.pack_i32(self.prompt), "sampling": self.sampling,
+               "ca_dtype": self.g.ca_dtype, "max_tokens": self.max_tokens}
+        if replay:
+            msg.update(generated=P.pack_i32(self.out[:-1]), root=self.root)
+        r = self._call("POST", "/moa/v1/sessions", msg)
+        self.sid = r["session"]
+        if replay:
+            self.st.reopen_calls += 1
+        else:
+            self.st.open_calls += 1
+        return r
+
+    # -------------------------------------------------------------- main loop
+
+    def go(self) -> RemoteResult:
+        st = self.st
+        g = self.g
+        g.state.rollback(0)
+        r = self._open(False)
+        self.g._append(r)
+        first = self.g._tokens(r)
+        self.out += first
+        self.n = r["n"]
+        self._emit(Event("tokens", 0, tuple(first), True))
+        self.done = r["eog"] or not first
+        self.finish = r.get("finish_reason") or "stop"
+        try:
+            while not self.done:
+                self._cycle()
+        finally:
+            if self.sid is not None and not self.done:
+                try:
+                    self._call("DELETE", f"/moa/v1/sessions/{self.sid}", None)
+                except (Unavailable, RemoteError):
+                    pass
+        st.n_generated = len(self.out)
+        text = g.vocab.detokenize(self.out).decode("utf-8", "replace")
+        return RemoteResult(text, list(self.out), self.finish, st, list(self.unverified), self.events)
+
+    def _cycle(self) -> None:
+        g = self.g
+        if self.unverified:
+            toks = self.unverified[: self.MAX_CHAIN]
+            prop_tokens, prop_parents = toks, list(range(-1, len(toks) - 1))
+        else:
+            t = time.perf_counter()
+            prop = g.proposer.propose(self.feed, self.root, self.n, SamplingParams(), None, g.draft)
+            self.feed = []
+            self.st.t_drafter += time.perf_counter() - t
+            prop_tokens, prop_parents = [int(x) for x in prop.tokens], [int(x) for x in prop.parents]
+        self.seq += 1
+        msg = {"v": P.VERSION, "seq": self.seq, "n": self.n, "root": self.root,
+               "tokens": P.pack_i32(prop_tokens), "parents": P.pack_i16(prop_parents)}
+        try:
+            r = self._call("POST", f"/moa/v1/sessions/{self.sid}/verify", msg)
+        except Unavailable:
+            self._offline()
+            return
+        except RemoteError as e:
+            if e.status == 404 or e.kind == "state_mismatch":
+                self._reopen()
+                return
+            raise
+        self._verified(r, prop_tokens)
+
+    def _verified(self, r: dict, prop_tokens: list) -> None:
+        """Apply a verify answer: CA, confirmed / rolled-back unverified tokens, new tokens."""
+        st = self.st
+        st.verify_calls += 1
+        a = int(r["accepted"])
+        st.drafted += len(prop_tokens)
+        st.accepted += a
+        self.g._append(r)
+        new = self.g._tokens(r)
+        self.feed = [self.root] + new[:a]        # the accepted path (a tree's need not be its first nodes)
+        pos = len(self.out)
+        if self.unverified:
+            tail = self.unverified
+            k = a
+            matched = len(new) > a and a < len(tail) and new[a] == tail[a]
+            if matched:
+                k += 1                       # the target's own next token is the drafted one
+            if k:
+                self._emit(Event("confirm", pos, n=k))
+                st.unverified_confirmed += k
+            rest = tail[k:]
+            if rest and not matched:
+                self._emit(Event("rollback", pos + k, tuple(rest), False, n=len(rest)))
+                st.unverified_rolled_back += len(rest)
+                rest = []
+            self.unverified = rest
+            fresh = new[k:]
+        else:
+            fresh = new
+        self.out += new
+        if fresh:
+            self._emit(Event("tokens", len(self.out) - len(fresh), tuple(fresh), True))
+        self.n = r["n"]
+        if r["eog"]:
+            self.done = True
+            self.finish = r.get("finish_reason") or "stop"
+            if self.unverified:                                 # drafted past the end: withdrawn
+                self._emit(Event("rollback", len(self.out), tuple(self.unverified), False, n=len(self.unverified)))
+                st.unverified_rolled_back += len(self.unverified)
+                self.unverified = []
+
+    # -------------------------------------------------------------- disconnection
+
+    def _offline(self) -> None:
+        """Keep drafting alone (CA frozen) until the server answers /health again, then return
+        (the next cycle resyncs). Gives up after ``resync_wait`` seconds at the limit."""
+        g, st = self.g, self.st
+        st.disconnections += 1
+        self._emit(Event("status", len(self.out), state="disconnected"))
+        t0 = time.monotonic()
+        self._draft_from_root()
+        probe_at, delay = 0.0, 0.1
+        while True:
+            now = time.monotonic()
+            if now >= probe_at:
+                if self._healthy():
+                    break
+                delay = min(2.0, delay * 2)
+                probe_at = now + delay
+            total = len(self.out) + len(self.unverified)
+            if len(self.unverified) < g.max_unverified and total < self.max_tokens:
+                self._draft_more(1)
+            elif now - t0 > g.resync_wait:
+                st.offline_s += time.monotonic() - t0
+                self._emit(Event("status", len(self.out), state="gave_up"))
+                self.done, self.finish = True, "unverified"
+                return
+            else:
+                time.sleep(min(0.05, max(0.0, probe_at - now)))
+        st.offline_s += time.monotonic() - t0
+        st.resyncs += 1
+        self._emit(Event("status", len(self.out), state="reconnected"))
+
+    def _draft_from_root(self) -> None:
+        """(Re)build the offline chain's draft rows: the root, then the unverified tokens already
+        shown (a failure during a resync keeps them); with none yet, draft the first one."""
+        g = self.g
+        g.state.clear_drafts()
+        chain = [self.root] + self.unverified
+        logits = g.state.draft(chain, list(range(self.n, self.n + len(chain))), list(range(-1, len(chain) - 1)),
+                               feed=self.feed)
+        self.feed = []
+        if not self.unverified:
+            self._push(logits[0])
+
+    def _draft_more(self, k: int) -> None:
+        g = self.g
+        for _ in range(k):
+            last, pos = self.unverified[-1], self.n + len(self.unverified)
+            self._push(g.state.draft([last], [pos])[0])
+
+    def _push(self, logits: np.ndarray) -> None:
+        g = self.g
+        tok = int(np.argmax(logits))
+        tok = tok if g.proposer._d2t is None else int(g.proposer._d2t[tok])
+        self.unverified.append(tok)
+        self.st.unverified_tokens += 1
+        self._emit(Event("tokens", len(self.out) + len(self.unverified) - 1, (tok,), False))
+
+    def _healthy(self) -> bool:
+        g = self.g
+        try:
+            c = http.client.HTTPConnection(g.http.host, g.http.port, timeout=g.probe_timeout)
+            try:
+                c.request("GET", "/health")
+                return c.getresponse().status == 200
+            finally:
+                c.close()
+        except _UNAVAILABLE:
+            return False
+
+    def _reopen(self) -> None:
+        """The session is gone (server restarted): reopen by replaying the verified tokens."""
+        self._open(True)
+        self._emit(Event("status", len(self.out), state="reopened"))
+        self.seq += 1

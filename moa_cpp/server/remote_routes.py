@@ -20,7 +20,7 @@ from ..remote import protocol as P
 from ..speculative.types import SamplingParams
 from .auth import offered_key
 from .errors import APIError
-from .remote_sessions import RemoteSession, check_state, new_session, open_generation, verify_cycle
+from .remote_sessions import RemoteSession, check_state, new_session, open_generation, rewind, verify_cycle
 
 IDLE_S = 300.0
 MAX_PROMPT = 1 << 16
@@ -102,12 +102,18 @@ class RemoteAPI:
                 raise P.ProtocolError(f"ca_dtype must be one of {', '.join(P.CA_DTYPES)}", "invalid_field")
             max_tokens = P.get_int(msg, "max_tokens", 1, self.srv.max_tokens_limit, 256)
             seq = P.get_int(msg, "seq", 0, 2 ** 62)
+            generated = P.unpack_ints(msg.get("generated", b""), "<i4", "generated", MAX_PROMPT)
+            root = P.get_int(msg, "root", -1, 2 ** 31, -1)
         except P.ProtocolError as e:
             raise _err(e) from None
         n_vocab = self.srv.pool.sessions[0].gen.target.n_vocab
         if prompt.size == 0 or prompt.min() < 0 or prompt.max() >= n_vocab:
             raise APIError(422, f"prompt: 1.. token ids in [0, {n_vocab})", code="invalid_field")
-        if prompt.size >= self.srv.n_ctx:
+        if root >= n_vocab or (generated.size and (generated.min() < 0 or generated.max() >= n_vocab)):
+            raise APIError(422, f"generated / root: token ids in [0, {n_vocab})", code="invalid_field")
+        if generated.size and root < 0:
+            raise APIError(422, "a replay (generated) needs its root", code="invalid_field")
+        if prompt.size + generated.size >= self.srv.n_ctx:
             raise APIError(422, f"the prompt ({prompt.size} tokens) does not fit the context ({self.srv.n_ctx})",
                            code="context_full")
         self._reap()
@@ -122,7 +128,7 @@ class RemoteAPI:
         self.locks[rs.id] = asyncio.Lock()
         async with self.locks[rs.id]:
             try:
-                out = await self._run(open_generation, rs, prompt, sp, max_tokens)
+                out = await self._run(open_generation, rs, prompt, sp, max_tokens, generated, root)
             except BaseException:
                 self._close(rs)
                 raise
@@ -144,11 +150,13 @@ class RemoteAPI:
                 tokens = P.unpack_ints(msg.get("tokens", b""), "<i4", "tokens", nodes)
                 parents = P.unpack_ints(msg.get("parents", b""), "<i2", "parents", nodes)
                 P.check_tree(tokens, parents, rs.loop.target.n_vocab, nodes)
-                check_state(rs, seq, n, root)
+                behind = check_state(rs, seq, n, root)
             except P.ProtocolError as e:
                 raise _err(e) from None
             rs.last_seq = seq
             rs.last_used = time.monotonic()
+            if behind:                          # its last answer was lost: redo from n
+                await self._run(rewind, rs, n)
             out = await self._run(verify_cycle, rs, tokens, parents)
             out["seq"] = seq
             if rs.g.finished:

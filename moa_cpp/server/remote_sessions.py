@@ -4,8 +4,13 @@ cycle of the ordinary :class:`SpeculativeLoop` whose proposer is the client's pr
 answers the verdict plus the CA K/V of the verified rows (LSA -> mean -> Ekv2E -> CA k/v run
 here, ``DrafterState.compute_ca``; the client appends them).
 
-Connected mode only in this version: a verify must carry the session's current ``(n, root)``
-and a ``seq`` above the last one (409 otherwise); rollback / resync / reopen come next.
+The state rule (spec §2.4): every verify carries ``(seq, n, root)``. A ``seq`` not above the
+last one is stale (409). ``n`` behind the server (its answer was lost) rolls the session back
+to ``n`` if ``root`` is the token the server has there; ``n`` ahead of it, or another root, is a
+409 ``state_mismatch`` (the client reopens). A reopen replays the verified tokens: the prompt is
+prefilled in the same chunks as at the first open, the generated tokens are re-decoded (as the
+loop's carry) in batches no larger than the exact batch size, so the rebuilt target K/V equal
+the uninterrupted run's.
 """
 from __future__ import annotations
 
@@ -78,6 +83,8 @@ class RemoteSession:
     proposer: ClientProposals
     ca_dtype: str
     g: Optional[Generation] = None
+    history: list = field(default_factory=list)   # prompt + verified tokens; history[g.n] == g.root
+    n_prompt: int = 0
     last_seq: int = -1
     last_used: float = field(default_factory=time.monotonic)
     closed: bool = False
@@ -102,28 +109,63 @@ def _answer(rs: RemoteSession, r, extra: dict) -> dict:
             "ca": P.encode_ca(k, v, pos0, rs.ca_dtype), **extra}
 
 
-def open_generation(rs: RemoteSession, prompt: np.ndarray, sp: SamplingParams, max_tokens: int) -> dict:
+def open_generation(rs: RemoteSession, prompt: np.ndarray, sp: SamplingParams, max_tokens: int,
+                    generated: Optional[np.ndarray] = None, root: int = -1) -> dict:
     """Prefill the prompt with capture, sample the root; CA of the whole prompt in the answer.
-    Runs in a worker thread."""
+    A reopen (``root >= 0``) replays ``generated`` and takes ``root`` instead of sampling: its
+    answer has no CA (the client has it). Runs in a worker thread."""
     t = time.perf_counter()
     rs.g, r = rs.loop.prefill(prompt.astype(np.int32), max_tokens, sp)
-    return _answer(rs, r, {"timing": {"prefill_ms": 1000 * (time.perf_counter() - t)}})
+    rs.n_prompt = int(prompt.size)
+    if root < 0:
+        rs.history = [int(x) for x in prompt] + [rs.g.root]
+        return _answer(rs, r, {"timing": {"prefill_ms": 1000 * (time.perf_counter() - t)}})
+    g = rs.g
+    gen = [int(x) for x in (generated if generated is not None else [])]
+    rs.proposer.ca = []                       # the client has the CA of everything verified
+    g.carry = gen                             # re-decoded ahead of the next root, in exact batches
+    g.n, g.root, g.finished = int(prompt.size) + len(gen), int(root), False
+    g.generated = len(gen) + 1
+    rs.history = [int(x) for x in prompt] + gen + [int(root)]
+    return _answer(rs, type(r)((), finished=False), {"timing": {"prefill_ms": 1000 * (time.perf_counter() - t)}})
+
+
+def rewind(rs: RemoteSession, n: int) -> None:
+    """Roll the session back to position ``n`` (its root history[n] stays the root)."""
+    g = rs.g
+    kv_end = g.n - len(g.carry)               # positions the target's KV cache holds
+    keep = min(kv_end, n)
+    rs.loop.target.rollback(keep)
+    g.carry = rs.history[keep:n]
+    g.n, g.root, g.finished = n, rs.history[n], False
+    g.generated = n + 1 - rs.n_prompt
+    del rs.history[n + 1:]
 
 
 def verify_cycle(rs: RemoteSession, tokens: np.ndarray, parents: np.ndarray) -> dict:
     """One cycle on the client's proposal. Runs in a worker thread."""
     rs.proposer.next = proposal_from(tokens, parents)
+    verdicts: list = []
+    rs.loop.on_cycle = lambda pos, root, proposal, scores, verdict: verdicts.append(verdict)
     t = time.perf_counter()
-    r = rs.loop.step(rs.g)
+    try:
+        r = rs.loop.step(rs.g)
+    finally:
+        rs.loop.on_cycle = None
+    for v in verdicts:                        # positions n+1 .. n+a+1 (emitted or not)
+        rs.history.extend(int(x) for x in v.tokens)
+        rs.history.append(int(v.bonus))
     return _answer(rs, r, {"accepted": r.accepted, "drafted": r.drafted,
                            "timing": {"decode_ms": 1000 * (time.perf_counter() - t)}})
 
 
-def check_state(rs: RemoteSession, seq: int, n: int, root: int) -> None:
+def check_state(rs: RemoteSession, seq: int, n: int, root: int) -> bool:
+    """The state rule; True if the session must first roll back to ``n`` (see :func:`rewind`)."""
     if seq <= rs.last_seq:
         raise P.ProtocolError(f"seq {seq} is not above the last one ({rs.last_seq})", "stale_request", 409)
     g = rs.g
-    if g is None or g.finished:
-        raise P.ProtocolError("this session's generation has ended", "session_finished", 409)
-    if n != g.n or root != g.root:
+    if g is None:
+        raise P.ProtocolError("this session has no generation", "state_mismatch", 409)
+    if n > g.n or n < rs.n_prompt or rs.history[n] != root:
         raise P.ProtocolError(f"state mismatch: the server is at n={g.n}, root={g.root}", "state_mismatch", 409)
+    return n < g.n
