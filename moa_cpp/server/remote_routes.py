@@ -149,7 +149,7 @@ class RemoteAPI:
                 nodes = self.srv.settings.max_tree_nodes
                 tokens = P.unpack_ints(msg.get("tokens", b""), "<i4", "tokens", nodes)
                 parents = P.unpack_ints(msg.get("parents", b""), "<i2", "parents", nodes)
-                P.check_tree(tokens, parents, rs.loop.target.n_vocab, nodes)
+                P.check_tree(tokens, parents, rs.loop.target.n_vocab, nodes, max_depth=nodes)  # resync: a long chain
                 behind = check_state(rs, seq, n, root)
             except P.ProtocolError as e:
                 raise _err(e) from None

@@ -1,0 +1,158 @@
+"""Client-server MoA through real faults (spec A3, A4, A6): a fault proxy that refuses and resets
+connections, a response lost after the server processed its request, and a `kill -9` of the
+server followed by a restart. Faults fire from the client's event hook at chosen positions (no
+sleeps for ordering). Invariants checked every time: verified tokens are never withdrawn, each
+unverified token is confirmed or rolled back exactly once, the events replay to the result, and
+the greedy output equals single-device plain decoding."""
+from __future__ import annotations
+
+import signal
+import socket
+
+import pytest
+
+from fault_proxy import FaultProxy
+from server_proc import ServerProc
+
+pytestmark = pytest.mark.model
+pytest.importorskip("msgpack")
+
+PROMPT = "The three primary colors are"
+MAX = 64
+
+
+@pytest.fixture(scope="module")
+def plain_tokens():
+    from moa_cpp import SpeculativeGenerator, defaults
+    gen = SpeculativeGenerator.from_paths(defaults.default_target(), None, draft="none", n_threads=1)
+    toks = gen.generate(PROMPT, max_tokens=MAX).tokens
+    gen.close()
+    return toks
+
+
+def _client(url, **kw):
+    from moa_cpp import defaults
+    from moa_cpp.remote.client import RemoteGenerator
+    return RemoteGenerator(url, drafter=defaults.default_drafter(), target=defaults.default_target(), timeout=10,
+                           draft="chain:3", **kw)
+
+
+def check_invariants(result) -> None:
+    """I1, I3, I5: replay the events over an empty list."""
+    seq: list = []            # (token, verified)
+    for ev in result.events:
+        if ev.kind == "tokens":
+            assert ev.pos == len(seq), (ev, len(seq))                         # contiguous, no gaps or repeats
+            seq += [(t, ev.verified) for t in ev.ids]
+        elif ev.kind == "confirm":
+            part = seq[ev.pos: ev.pos + ev.n]
+            assert len(part) == ev.n and not any(v for _, v in part)        # only unverified ones, once
+            seq[ev.pos: ev.pos + ev.n] = [(t, True) for t, _ in part]
+        elif ev.kind == "rollback":
+            assert ev.pos + ev.n == len(seq)                                 # the tail
+            assert not any(v for _, v in seq[ev.pos:])                       # I1: never a verified token
+            seq = seq[: ev.pos]
+    assert [t for t, v in seq if v] == result.tokens
+    assert [t for t, v in seq if not v] == result.unverified
+    st = result.stats
+    assert st.unverified_confirmed + st.unverified_rolled_back + len(result.unverified) == st.unverified_tokens
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProc("--draft", "chain:3", "--parallel", "2")
+    yield srv
+    srv.terminate()
+
+
+def test_refused_then_restored_connection(server, plain_tokens):
+    """A3: at token 8 every connection is reset and new ones refused; the client keeps drafting
+    alone; after 20 unverified tokens the network comes back, the client resyncs."""
+    proxy = FaultProxy(server.host, server.port)
+    fired = {"cut": False, "back": False}
+
+    def hook(ev):
+        if ev.kind == "tokens" and ev.verified and ev.pos >= 8 and not fired["cut"]:
+            fired["cut"] = True
+            proxy.refuse()
+        if ev.kind == "tokens" and not ev.verified and ev.pos >= 8 + 20 and not fired["back"]:
+            fired["back"] = True
+            proxy.restore()
+    try:
+        g = _client(proxy.url)
+        r = g.generate(PROMPT, max_tokens=MAX, on_event=hook)
+    finally:
+        proxy.close()
+    assert fired["cut"] and fired["back"]
+    assert r.tokens == plain_tokens and r.finish_reason in ("stop", "length") and not r.unverified
+    st = r.stats
+    assert st.disconnections == 1 and st.resyncs == 1 and st.unverified_tokens >= 20
+    check_invariants(r)
+
+
+def test_response_lost_after_the_server_advanced(server, plain_tokens):
+    """A4: the server processes a verify but its answer never arrives; the client's retry is
+    behind the server, which rolls back: no token lost or duplicated."""
+    proxy = FaultProxy(server.host, server.port)
+    fired = {"n": 0}
+
+    def hook(ev):
+        if ev.kind == "tokens" and ev.verified and ev.pos >= 8 and fired["n"] == 0:
+            fired["n"] = 1
+            proxy.mode = "reset_after_request"
+    try:
+        r = _client(proxy.url).generate(PROMPT, max_tokens=MAX, on_event=hook)
+    finally:
+        proxy.close()
+    assert fired["n"] == 1 and r.stats.disconnections == 1
+    assert r.tokens == plain_tokens
+    check_invariants(r)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_server_killed_and_restarted(plain_tokens):
+    """A6: kill -9 of the server at token 10; a new server process on the same port after 10
+    unverified tokens: the session is gone (404), the client reopens by replay and resyncs."""
+    port = _free_port()
+    box = {"srv": ServerProc("--draft", "chain:3", "--port", str(port)), "killed": False, "restarted": False}
+
+    def hook(ev):
+        if ev.kind == "tokens" and ev.verified and ev.pos >= 10 and not box["killed"]:
+            box["killed"] = True
+            box["srv"].proc.send_signal(signal.SIGKILL)
+            box["srv"].proc.wait(10)
+        if ev.kind == "tokens" and not ev.verified and ev.pos >= 10 + 10 and not box["restarted"]:
+            box["restarted"] = True
+            box["srv"] = ServerProc("--draft", "chain:3", "--port", str(port))
+    try:
+        r = _client(f"http://127.0.0.1:{port}").generate(PROMPT, max_tokens=MAX, on_event=hook)
+    finally:
+        box["srv"].kill()
+    assert box["killed"] and box["restarted"]
+    assert r.stats.reopen_calls == 1 and r.stats.disconnections == 1
+    assert r.tokens == plain_tokens
+    check_invariants(r)
+
+
+def test_server_never_returns():
+    """A7 (part): the server dies for good: the generation ends with finish_reason "unverified",
+    its unverified tail kept; nothing verified was lost."""
+    srv = ServerProc("--draft", "chain:3")
+    fired = {"k": False}
+
+    def hook(ev):
+        if ev.kind == "tokens" and ev.verified and ev.pos >= 5 and not fired["k"]:
+            fired["k"] = True
+            srv.proc.send_signal(signal.SIGKILL)
+            srv.proc.wait(10)
+    try:
+        r = _client(srv.url, resync_wait=1.0, max_unverified=16).generate(PROMPT, max_tokens=MAX, on_event=hook)
+    finally:
+        srv.kill()
+    assert r.finish_reason == "unverified" and len(r.unverified) == 16 and len(r.tokens) >= 6
+    check_invariants(r)
