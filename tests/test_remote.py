@@ -227,3 +227,27 @@ def test_malformed_protocol_messages(server, plain):
         assert g.generate(PROMPTS[1], max_tokens=24).tokens == plain.generate(PROMPTS[1], max_tokens=24).tokens
     finally:
         g.close()
+
+
+@pytest.mark.model
+def test_cli_client_json_and_pipe(server, plain, tmp_path):
+    import subprocess
+    import sys
+    keyfile = tmp_path / "k"
+    keyfile.write_text(f"# mine\n{KEY}\n")
+    base = [sys.executable, "-m", "moa_cpp.cli", "client", "--server", server.url, "--api-key-file", str(keyfile),
+            "-n", "24"]
+    out = subprocess.run(base + ["-p", PROMPTS[0], "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    ref = plain.generate(PROMPTS[0], max_tokens=24)
+    assert res["tokens"] == ref.tokens and res["text"] == ref.text and res["unverified"] == []
+    for key in ("server_calls", "tau", "bytes_sent", "bytes_received", "disconnections", "resyncs",
+                "unverified_tokens", "unverified_confirmed", "unverified_rolled_back"):
+        assert key in res["stats"]
+    chat = subprocess.run(base + ["-p", "Name three colors.", "--chat"], capture_output=True, text=True, timeout=300)
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stdout == plain.generate("Name three colors.", chat=True, max_tokens=24).text + "\n"   # a pipe
+    bad = subprocess.run(base[:-2] + ["-p", "x"] + ["--api-key-file", str(tmp_path / "missing")], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2

@@ -163,6 +163,10 @@ class RemoteGenerator:
                  n_ctx: int = 4096, n_threads: Optional[int] = None, use_msgpack: bool = True,
                  max_unverified: int = 128, resync_wait: float = 30.0, probe_timeout: float = 1.0) -> None:
         import llama_cpp
+
+        from .. import target as _target
+        if not _target._log_chosen:          # llama.cpp's log lines only if someone asked for them
+            _target.set_llama_log(False)
         if ca_dtype not in P.CA_DTYPES:
             raise ValueError(f"ca_dtype must be one of {', '.join(P.CA_DTYPES)}")
         self.draft = parse_draft(draft)
@@ -178,6 +182,22 @@ class RemoteGenerator:
         ctype = P.MSGPACK if use_msgpack and P._has_msgpack() else P.JSON
         key = api_key if api_key is not None else os.environ.get("MOA_API_KEY") or None
         self.http = _Transport(url, key, timeout, ctype)
+
+    def chat_prompt(self, messages: list) -> list:
+        """Token ids of ``messages`` in the target GGUF's chat template (as single-device
+        ``generate(chat=True)`` builds them)."""
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        template = self.vocab.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise ValueError("the target GGUF has no chat template; send a plain prompt")
+        v = self.vocab
+
+        def special(tok: int) -> str:
+            return v.detokenize([tok], special=True).decode("utf-8", "replace") if tok >= 0 else ""
+        fmt = Jinja2ChatFormatter(template=template, eos_token=special(v.token_eos()), bos_token=special(v.token_bos()),
+                                  add_generation_prompt=True)
+        text = fmt(messages=messages).prompt
+        return v.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
     def encode(self, prompt: Union[str, Sequence[int]]) -> list:
         if isinstance(prompt, str):
