@@ -47,11 +47,12 @@ def _api_key(args: argparse.Namespace):
 
 
 class _Renderer:
-    """Terminal: verified text plain, unverified dim, withdrawn text erased. Pipe: verified only."""
+    """Terminal: verified text plain, unverified dim, withdrawn text erased. Pipe: verified text
+    only (an unverified token is printed once it is confirmed)."""
 
     def __init__(self, vocab, tty: bool) -> None:
         self.vocab, self.tty = vocab, tty
-        self.pending: list = []           # (token, text) shown dim
+        self.pending: list = []           # unverified token ids, in order
 
     def _text(self, ids) -> str:
         return self.vocab.detokenize(list(ids)).decode("utf-8", "replace")
@@ -60,23 +61,27 @@ class _Renderer:
         out = sys.stdout
         if ev.kind == "tokens" and ev.verified:
             out.write(self._text(ev.ids))
-        elif ev.kind == "tokens" and self.tty:
-            t = self._text(ev.ids)
-            self.pending.append(t)
-            out.write(DIM + t + RESET)
-        elif ev.kind == "confirm" and self.tty:
+        elif ev.kind == "tokens":
+            self.pending += ev.ids
+            if self.tty:
+                out.write(DIM + self._text(ev.ids) + RESET)
+        elif ev.kind == "confirm":
             done, self.pending = self.pending[: ev.n], self.pending[ev.n:]
-            self._erase(done + self.pending)
-            out.write("".join(done) + (DIM + "".join(self.pending) + RESET if self.pending else ""))
-        elif ev.kind == "rollback" and self.tty:
-            self._erase(self.pending)
+            if self.tty:
+                self._erase(done + self.pending)
+            out.write(self._text(done))
+            if self.tty and self.pending:
+                out.write(DIM + self._text(self.pending) + RESET)
+        elif ev.kind == "rollback":
+            if self.tty:
+                self._erase(self.pending)
             self.pending = []
         elif ev.kind == "status":
             print(f"[{ev.state}]", file=sys.stderr, flush=True)
         out.flush()
 
-    def _erase(self, pieces: list) -> None:
-        n = sum(len(p) for p in pieces)
+    def _erase(self, ids: list) -> None:
+        n = len(self._text(ids))
         if n:
             sys.stdout.write("\b" * n + " " * n + "\b" * n)
 
@@ -98,28 +103,7 @@ def run_client(args: argparse.Namespace) -> int:
     if args.chat:
         prompt = gen.chat_prompt([{"role": "user", "content": args.prompt}])
     tty = sys.stdout.isatty() and not args.json
-    # a pipe gets verified text only: confirmed tokens are printed when they are confirmed
-    render = _Renderer(gen.vocab, tty) if not args.json else None
-    shown: list = []
-
-    def on_event(ev):
-        if render is None:
-            return
-        if not tty and ev.kind == "tokens" and not ev.verified:
-            shown.append(ev.ids)
-            return
-        if not tty and ev.kind == "confirm":
-            ids = [t for ids in shown for t in ids][: ev.n]
-            sys.stdout.write(render._text(ids))
-            rest = [t for ids in shown for t in ids][ev.n:]
-            shown.clear()
-            if rest:
-                shown.append(tuple(rest))
-            return
-        if not tty and ev.kind == "rollback":
-            shown.clear()
-            return
-        render(ev)
+    on_event = None if args.json else _Renderer(gen.vocab, tty)
     try:
         r = gen.generate(prompt, max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
                          top_p=args.top_p, seed=args.seed, on_event=on_event)

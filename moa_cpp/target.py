@@ -92,6 +92,15 @@ def _ensure_backend() -> None:
         _backend_ready = True
 
 
+def render_chat_template(template: str, messages: Sequence[dict], bos: str, eos: str,
+                         add_generation_prompt: bool = True) -> str:
+    """A GGUF ``tokenizer.chat_template`` rendered as llama-cpp-python renders it (Jinja2), with
+    the model's BOS / EOS text. One renderer for the target and the remote client's vocabulary."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    fmt = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt)
+    return fmt(messages=list(messages)).prompt
+
+
 class TextStream:
     """The text of a growing token sequence, exactly as :meth:`Target.detokenize` renders it
     (leading-space and clean-up rules apply to the whole sequence), without rebuilding ctypes
@@ -338,12 +347,9 @@ class Target:
         template = self.meta("tokenizer.chat_template")
         if not template:
             return self._builtin_chat_template(messages, add_generation_prompt)
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
         bos = self.detokenize([self.bos_token], special=True) if self.bos_token >= 0 else ""
         eos = self.detokenize([self.eos_token], special=True) if self.eos_token >= 0 else ""
-        fmt = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos,
-                                  add_generation_prompt=add_generation_prompt)
-        return fmt(messages=list(messages)).prompt
+        return render_chat_template(template, messages, bos, eos, add_generation_prompt)
 
     def _builtin_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
         """GGUFs without tokenizer.chat_template (e.g. some Gemma-3 files): llama.cpp's built-in

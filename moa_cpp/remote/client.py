@@ -186,7 +186,7 @@ class RemoteGenerator:
     def chat_prompt(self, messages: list) -> list:
         """Token ids of ``messages`` in the target GGUF's chat template (as single-device
         ``generate(chat=True)`` builds them)."""
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        from ..target import render_chat_template
         template = self.vocab.metadata.get("tokenizer.chat_template")
         if not template:
             raise ValueError("the target GGUF has no chat template; send a plain prompt")
@@ -194,9 +194,7 @@ class RemoteGenerator:
 
         def special(tok: int) -> str:
             return v.detokenize([tok], special=True).decode("utf-8", "replace") if tok >= 0 else ""
-        fmt = Jinja2ChatFormatter(template=template, eos_token=special(v.token_eos()), bos_token=special(v.token_bos()),
-                                  add_generation_prompt=True)
-        text = fmt(messages=messages).prompt
+        text = render_chat_template(template, messages, special(v.token_bos()), special(v.token_eos()))
         return v.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
     def encode(self, prompt: Union[str, Sequence[int]]) -> list:
