@@ -1,4 +1,4 @@
-"""Client-server MoA through real faults (spec A3, A4, A6): a fault proxy that refuses and resets
+"""Client-server MoA through real faults (spec A3-A7): a fault proxy that refuses and resets
 connections, a response lost after the server processed its request, and a `kill -9` of the
 server followed by a restart. Faults fire from the client's event hook at chosen positions (no
 sleeps for ordering). Invariants checked every time: verified tokens are never withdrawn, each
@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from fault_proxy import FaultProxy
+from moa_cpp.testing.fault_proxy import FaultProxy
 from server_proc import ServerProc
 
 pytestmark = pytest.mark.model
@@ -33,7 +33,8 @@ def plain_tokens():
 def _client(url, **kw):
     from moa_cpp import defaults
     from moa_cpp.remote.client import RemoteGenerator
-    return RemoteGenerator(url, drafter=defaults.default_drafter(), target=defaults.default_target(), timeout=10,
+    kw.setdefault("timeout", 10)
+    return RemoteGenerator(url, drafter=defaults.default_drafter(), target=defaults.default_target(),
                            draft="chain:3", **kw)
 
 
@@ -106,6 +107,33 @@ def test_response_lost_after_the_server_advanced(server, plain_tokens):
         proxy.close()
     assert fired["n"] == 1 and r.stats.disconnections == 1
     assert r.tokens == plain_tokens
+    check_invariants(r)
+
+
+def test_blackhole_is_detected_by_the_read_timeout(server, plain_tokens):
+    """A5: at token 8 the network swallows everything (connections stay open, nothing arrives):
+    the client notices within its read timeout + 1 s, drafts alone, and resyncs once the network
+    delivers again (after 10 unverified tokens)."""
+    import time
+    proxy = FaultProxy(server.host, server.port)
+    box: dict = {}
+
+    def hook(ev):
+        if ev.kind == "tokens" and ev.verified and ev.pos >= 8 and "cut" not in box:
+            box["cut"] = time.monotonic()
+            proxy.blackhole()
+        if ev.kind == "status" and ev.state == "disconnected" and "seen" not in box:
+            box["seen"] = time.monotonic()
+        if ev.kind == "tokens" and not ev.verified and ev.pos >= 8 + 10 and "back" not in box:
+            box["back"] = True
+            proxy.restore()
+    try:
+        r = _client(proxy.url, timeout=2.0).generate(PROMPT, max_tokens=MAX, on_event=hook)
+    finally:
+        proxy.close()
+    assert "back" in box and box["seen"] - box["cut"] < 2.0 + 1.0, box
+    assert r.tokens == plain_tokens and not r.unverified
+    assert r.stats.disconnections >= 1 and r.stats.resyncs >= 1
     check_invariants(r)
 
 
