@@ -53,21 +53,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
 
 def _resolve_models(args: argparse.Namespace) -> tuple:
     """(target, MoA drafter or None, draft model or None, draft setting)."""
-    from . import defaults
-    from .generator import is_moa_drafter
-
-    target, drafter, draft_model = args.model, args.drafter, args.draft_model
-    if drafter is not None and draft_model is None and not is_moa_drafter(drafter):
-        drafter, draft_model = None, drafter          # -md small-llm.gguf: llama.cpp's meaning
-    if drafter is not None and draft_model is not None:
-        raise InvalidArgumentError("pass either an MoA drafter (-d/-md) or --draft-model, not both")
-    if target is None:
-        if drafter is not None or draft_model is not None:
-            raise InvalidArgumentError("-d/--drafter and --draft-model need -m/--model (the drafter's target)")
-        target = defaults.default_target()
-        drafter = None if args.no_draft else defaults.default_drafter()
-    elif drafter is None and draft_model is None and not args.no_draft:
-        raise InvalidArgumentError("-m/--model without -d/--drafter: pass an MoA drafter GGUF, --draft-model or --no-draft")
+    from .defaults import resolve_models
+    target, drafter, draft_model = resolve_models(args.model, args.drafter, args.draft_model, args.no_draft,
+                                                  "--no-draft")
     if args.no_draft:
         return target, None, None, "none"
     return target, drafter, draft_model, args.tree or (f"chain:{args.chain}" if args.chain else "auto:8")

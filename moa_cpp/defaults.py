@@ -19,3 +19,27 @@ def default_drafter() -> str:
         raise MoaError("no embedded default drafter in this build (it is produced by `moa-cpp train`, issue #4); "
                        "pass -m TARGET.gguf -d DRAFTER.gguf, or --no-draft")
     return str(DEFAULT_DRAFTER)
+
+
+def resolve_models(target, drafter, draft_model, no_draft: bool, no_draft_flag: str) -> tuple:
+    """The model paths a command runs: ``(target, MoA drafter or None, draft model or None)``.
+
+    No ``-m``: the embedded default target with its drafter (none when drafting is off). A
+    ``-d/-md`` that is a plain LLM GGUF drafts as a draft model (llama.cpp's meaning of ``-md``).
+    ``-m`` alone needs a drafter or ``no_draft_flag`` (the command's spelling of "no drafting")."""
+    from .errors import InvalidArgumentError
+    from .generator import is_moa_drafter
+
+    if drafter is not None and draft_model is None and not is_moa_drafter(drafter):
+        drafter, draft_model = None, drafter
+    if drafter is not None and draft_model is not None:
+        raise InvalidArgumentError("pass either an MoA drafter (-d/-md) or --draft-model, not both")
+    if target is None:
+        if drafter is not None or draft_model is not None:
+            raise InvalidArgumentError("-d/--drafter and --draft-model need -m/--model (the drafter's target)")
+        target = default_target()
+        drafter = None if no_draft else default_drafter()
+    elif drafter is None and draft_model is None and not no_draft:
+        raise InvalidArgumentError(f"-m/--model without -d/--drafter: pass an MoA drafter GGUF (or a draft model), "
+                                   f"or {no_draft_flag}")
+    return (target, None, None) if no_draft else (target, drafter, draft_model)

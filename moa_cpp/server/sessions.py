@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..generator import SpeculativeGenerator, is_moa_drafter, parse_draft
+from ..generator import SpeculativeGenerator, parse_draft
 from .errors import APIError
 from .settings import ServerSettings
 
@@ -28,23 +28,10 @@ class Session:
 
 def resolve_models(s: ServerSettings) -> tuple:
     """(target path, MoA drafter path or None, draft-model path or None, draft spec)."""
-    from .. import defaults
-    from ..errors import InvalidArgumentError
-    target, drafter, draft_model = s.model, s.drafter, None
+    from ..defaults import resolve_models as resolve
     draft = parse_draft(s.draft)
-    if target is None:
-        if drafter is not None:
-            raise InvalidArgumentError("-d/--drafter needs -m/--model (the drafter's target)")
-        target = defaults.default_target()
-        drafter = None if draft.mode == "none" else defaults.default_drafter()
-    if drafter is not None and not is_moa_drafter(drafter):
-        drafter, draft_model = None, drafter          # -md small-llm.gguf: llama.cpp's meaning
-    if draft.mode == "none":
-        return target, None, None, "none"
-    if drafter is None and draft_model is None:
-        raise InvalidArgumentError("-m/--model without -d/--drafter: pass an MoA drafter GGUF (or a draft model), "
-                                   "or --draft none")
-    return target, drafter, draft_model, str(draft)
+    target, drafter, draft_model = resolve(s.model, s.drafter, None, draft.mode == "none", "--draft none")
+    return target, drafter, draft_model, "none" if draft.mode == "none" else str(draft)
 
 
 def build_sessions(s: ServerSettings) -> list:
