@@ -1,4 +1,4 @@
-"""``moa-cpp`` command line: generate, convert, check-parity, train, serve, rpc-server."""
+"""``moa-cpp`` command line: generate, convert, check-parity, train, serve, client, bundle, rpc-server."""
 from __future__ import annotations
 
 import argparse
@@ -19,13 +19,16 @@ SUBCOMMANDS = [
     ("train", ".train.cli", "train a MoA drafter for a GGUF target (needs the 'train' extra: torch)"),
     ("serve", ".cli_serve", "OpenAI-compatible HTTP server with MoA speculation (needs the 'server' extra)"),
     ("client", ".cli_client", "client-server MoA: draft here, verify on a moa-cpp serve; survives disconnections"),
+    ("bundle", ".remote.bundle", "client-server MoA: write the client bundle (drafter + embedding + tokenizer)"),
     ("rpc-server", ".cli_serve", "llama.cpp's RPC backend server: lend this machine to a split target (no auth!)"),
 ]
 _ADD = {"generate": "add_generate_arguments", "convert": "add_convert_arguments",
         "check-parity": "add_parity_arguments", "train": "add_train_arguments",
-        "serve": "add_serve_arguments", "rpc-server": "add_rpc_server_arguments", "client": "add_client_arguments"}
+        "serve": "add_serve_arguments", "rpc-server": "add_rpc_server_arguments", "client": "add_client_arguments",
+        "bundle": "add_bundle_arguments"}
 _RUN = {"generate": "run_generate", "convert": "run_convert", "check-parity": "run_parity", "train": "run_train",
-        "serve": "run_serve", "rpc-server": "run_rpc_server", "client": "run_client"}
+        "serve": "run_serve", "rpc-server": "run_rpc_server", "client": "run_client",
+        "bundle": "run_bundle"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,6 +21,9 @@ def add_client_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", required=True, help="the moa-cpp serve URL, e.g. http://127.0.0.1:8765")
     p.add_argument("-m", "--model", help="the target GGUF (its vocabulary; default: the embedded default target)")
     p.add_argument("-d", "--drafter", help="the MoA drafter GGUF (default: the embedded default drafter)")
+    p.add_argument("--bundle", metavar="DIR",
+                   help="a client bundle (moa-cpp bundle) instead of -m/-d; with none of the three, the server's "
+                        "bundle is downloaded (and cached) if it serves one, else the embedded defaults are used")
     p.add_argument("--api-key-file", metavar="FILE", help="file whose first key line is used; else $MOA_API_KEY")
     p.add_argument("-p", "--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="apply the target GGUF's chat template")
@@ -92,11 +95,18 @@ def run_client(args: argparse.Namespace) -> int:
 
     if args.temp < 0 or not (0 < args.top_p <= 1) or args.top_k < 0:
         raise InvalidArgumentError("--temp must be >= 0, --top-p in (0, 1], --top-k >= 0")
-    target = args.model or defaults.default_target()
-    drafter = args.drafter or (defaults.default_drafter() if args.model is None else None)
-    if drafter is None:
-        raise InvalidArgumentError("-m/--model needs -d/--drafter (the MoA drafter trained for it)")
-    gen = RemoteGenerator(args.server, drafter=drafter, target=target, api_key=_api_key(args), draft=args.draft,
+    files: dict = {}
+    if getattr(args, "bundle", None):
+        if args.model or args.drafter:
+            raise InvalidArgumentError("--bundle replaces -m/--model and -d/--drafter: pass one or the other")
+        files = {"bundle": args.bundle}
+    elif args.model or args.drafter:
+        target = args.model or defaults.default_target()
+        drafter = args.drafter or (defaults.default_drafter() if args.model is None else None)
+        if drafter is None:
+            raise InvalidArgumentError("-m/--model needs -d/--drafter (the MoA drafter trained for it)")
+        files = {"drafter": drafter, "target": target}
+    gen = RemoteGenerator(args.server, **files, api_key=_api_key(args), draft=args.draft,
                           ca_dtype=args.ca_dtype, timeout=args.timeout, max_unverified=args.max_unverified,
                           resync_wait=args.resync_wait)
     prompt = args.prompt

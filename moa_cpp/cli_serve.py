@@ -32,7 +32,9 @@ def _listen(host: str, port: int) -> socket.socket:
     if not infos:
         raise InvalidArgumentError(f"cannot resolve --host {host}")
     family, _, _, _, addr = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP;
+    # with proto 0, Nagle holds each response's body until the client ACKs its headers (~40 ms)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(addr)
@@ -58,6 +60,12 @@ def run_serve(args: argparse.Namespace) -> int:
     check_bind(settings.host, bool(settings.api_keys), settings.insecure_no_auth)
     set_llama_log(bool(args.llama_verbose))
     sock = _listen(settings.host, settings.port)
+    if settings.bundle:
+        # before loading anything: a bundle of other files would only give 409s to its clients
+        from .remote.bundle import check_server_bundle
+        from .server.sessions import resolve_models
+        target_path, drafter_path, _, _ = resolve_models(settings)
+        check_server_bundle(settings.bundle, drafter_path, target_path)
     sessions = build_sessions(settings)
     gen0 = sessions[0].gen
     if gen0.proposer is not None and gen0.draft.mode == "auto":

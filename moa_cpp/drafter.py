@@ -116,6 +116,14 @@ class DrafterModel:
         return lib.moa_model_tli(self._ptr)
 
     @property
+    def role(self) -> str:
+        """``"full"``, or ``"client"`` for a client bundle's drafter (``moa-cpp bundle``): no LSA /
+        Ekv2E / CA k,v weights, so it cannot :meth:`DrafterState.commit` or
+        :meth:`DrafterState.compute_ca`; CA K/V come from the server through
+        :meth:`DrafterState.append_ca`."""
+        return "client" if lib.moa_model_role(self._ptr) == lib.MOA_ROLE_CLIENT else "full"
+
+    @property
     def device(self) -> str:
         return ffi.string(lib.moa_model_device(self._ptr)).decode()
 

@@ -40,6 +40,7 @@ class Keys:
     SOURCE_FORMAT = "moa.source.format"                  # string: "moa_spec" | "snapshot" | "moa_cpp_train"
     DRAFT_VOCAB_SIZE = "moa.draft_vocab_size"            # optional: reduced draft vocabulary size
     TARGET_BUNDLED = "moa.target.bundled"                # bool, optional: target tensors in this file
+    ROLE = "moa.role"                                    # string, optional: "full" (default) | "client" (bundle)
 
 
 # Module prefixes (paper names) and the HF source prefixes, mapped by prefix (never substring:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,11 @@ class RemoteStats:
     t_network: float = 0.0        # s: request wall time (server time included)
     t_drafter: float = 0.0
     n_generated: int = 0
+    # per server call when tracing (``RemoteGenerator.trace = True``; None otherwise): dicts with
+    # kind (open / verify / resync), k (proposal nodes), a (accepted), req_bytes, resp_bytes,
+    # t_draft, t_wall (request wall s), t_append, t_cycle (s), server timing (decode_ms, lsa_ms,
+    # prefill_ms), ca_n, ca_bytes, ca_zlib1 (zlib level-1 size of the CA k+v bytes), t (start)
+    trace: Optional[list] = None
 
     @property
     def tau(self) -> float:
@@ -83,6 +89,8 @@ class RemoteStats:
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
         d["tau"] = self.tau
+        if d.get("trace") is None:
+            d.pop("trace", None)
         return d
 
 
@@ -122,6 +130,11 @@ class _Transport:
         t = time.perf_counter()
         c = self._connect()
         try:
+            if c.sock is None:
+                # http.client writes the header block and the body in two send()s: with Nagle on,
+                # the body waits for the ACK of the headers (a delayed ACK: ~40 ms per request)
+                c.connect()
+                c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             c.request(method, path, body=body, headers=self.headers)
             r = c.getresponse()
             data = r.read()
@@ -153,12 +166,26 @@ class _Transport:
 class RemoteGenerator:
     """Generate with the drafter here and the target on a ``moa-cpp serve`` at ``url``.
 
-    ``drafter`` and ``target``: the drafter GGUF and the target GGUF (only its vocabulary and
-    metadata are read here: tokenizer, drafter/target match). Greedy output equals the target's
-    plain greedy decoding; with temperature > 0 every token is the target's own sample (drafts
-    are deterministic and verified as point masses)."""
+    ``gen.trace = True`` records one entry per server call in ``result.stats.trace`` (for
+    ``bench/remote_sim.py``).
 
-    def __init__(self, url: str, *, drafter: Union[str, Path], target: Union[str, Path],
+    What the client loads, in order:
+
+    - ``bundle``: a client bundle directory (``moa-cpp bundle``): its ``client.gguf`` (the drafter
+      without the server-only parts, with the token embedding) and ``vocab.gguf`` (tokenizer and
+      chat template). Its ``bundle_id`` goes with every open; a server with other files answers
+      409 ``bundle_mismatch`` (raised as :class:`RemoteError`).
+    - ``drafter`` and ``target``: the full drafter GGUF and the target GGUF (only its vocabulary,
+      metadata and embedding are read here).
+    - neither: the server's bundle if it serves one (``moa-cpp serve --bundle``), downloaded once
+      into ``<cache>/bundles/<bundle_id>/`` and checked against its sha256; else the embedded
+      default drafter and target.
+
+    Greedy output equals the target's plain greedy decoding; with temperature > 0 every token is
+    the target's own sample (drafts are deterministic and verified as point masses)."""
+
+    def __init__(self, url: str, *, bundle: Union[str, Path, None] = None, drafter: Union[str, Path, None] = None,
+                 target: Union[str, Path, None] = None,
                  api_key: Optional[str] = None, draft: str = "chain:4", ca_dtype: str = "f16", timeout: float = 30.0,
                  n_ctx: int = 4096, n_threads: Optional[int] = None, use_msgpack: bool = True,
                  max_unverified: int = 128, resync_wait: float = 30.0, probe_timeout: float = 1.0) -> None:
@@ -173,15 +200,44 @@ class RemoteGenerator:
         if self.draft.mode not in ("chain", "tree"):
             raise ValueError("draft must be chain:N or tree:D,K,T in client-server mode")
         self.ca_dtype = ca_dtype
+        key = api_key if api_key is not None else os.environ.get("MOA_API_KEY") or None
+        drafter, target, vocab_path, self.bundle = self._resolve_files(url, key, timeout, bundle, drafter, target)
+        self.bundle_id: Optional[str] = self.bundle.bundle_id if self.bundle is not None else None
         self.model = DrafterModel(drafter, target, n_threads=n_threads)
         self.max_unverified, self.resync_wait, self.probe_timeout = int(max_unverified), resync_wait, probe_timeout
         # offline drafting keeps the unverified chain as pending draft rows
         self.state = DrafterState(self.model, n_ctx=n_ctx, n_draft_max=max(1 + 16 * 16, self.max_unverified + 2))
         self.proposer = MoAProposer(self.state, self.draft)
-        self.vocab = llama_cpp.Llama(str(target), vocab_only=True, verbose=False)
+        self.vocab = llama_cpp.Llama(str(vocab_path), vocab_only=True, verbose=False)
         ctype = P.MSGPACK if use_msgpack and P._has_msgpack() else P.JSON
-        key = api_key if api_key is not None else os.environ.get("MOA_API_KEY") or None
         self.http = _Transport(url, key, timeout, ctype)
+
+    @staticmethod
+    def _resolve_files(url: str, key: Optional[str], timeout: float, bundle, drafter, target) -> tuple:
+        """(drafter GGUF, target GGUF or None (bundled), GGUF to tokenize with, Bundle or None): see
+        the class docstring."""
+        from . import bundle as B
+        if bundle is not None:
+            if drafter is not None or target is not None:
+                raise ValueError("pass either bundle= or drafter= / target=, not both")
+            b = B.load_bundle(bundle)
+            return b.client, None, b.vocab, b
+        if drafter is not None or target is not None:
+            if drafter is None or target is None:
+                raise ValueError("drafter= and target= go together (or pass bundle=)")
+            return drafter, target, target, None
+        try:
+            b = B.download_bundle(url, key, timeout=timeout, progress=True)
+        except (OSError, http.client.HTTPException) as e:   # unreachable now: draft alone with the defaults
+            import logging
+            logging.getLogger(__name__).warning("cannot ask %s for its bundle (%s: %s): using the embedded default "
+                                                "drafter and target", url, type(e).__name__, e)
+            b = None
+        if b is not None:
+            return b.client, None, b.vocab, b
+        from .. import defaults
+        target = defaults.default_target()
+        return defaults.default_drafter(), target, target, None
 
     def chat_prompt(self, messages: list) -> list:
         """Token ids of ``messages`` in the target GGUF's chat template (as single-device
@@ -213,6 +269,8 @@ class RemoteGenerator:
             sampling["seed"] = int(seed)
         run = _Run(self, self.encode(prompt), int(max_tokens), sampling, on_event)
         return run.go()
+
+    trace = False
 
     def _append(self, r: dict) -> None:
         k, v, pos0 = P.decode_ca(r["ca"], self.model.ca_kv_heads, self.model.head_dim, 1 << 20)
@@ -250,7 +308,7 @@ class _Run:
                  on_event: Optional[Callable]) -> None:
         self.g, self.prompt, self.max_tokens, self.sampling = gen, prompt, max_tokens, sampling
         self.on_event = on_event
-        self.st = RemoteStats()
+        self.st = RemoteStats(trace=[] if gen.trace else None)
         self.events: list = []
         self.out: list = []
         self.unverified: list = []
@@ -275,8 +333,20 @@ class _Run:
     # -------------------------------------------------------------- server calls
 
     def _call(self, method: str, path: str, obj: Optional[dict]) -> dict:
+        st = self.st
+        b0, b1, t = st.bytes_sent, st.bytes_received, time.perf_counter()
         try:
-            return self.g.http.call(method, path, obj, self.st)
+            r = self.g.http.call(method, path, obj, st)
+            if st.trace is not None:
+                rec = {"t": t, "t_wall": time.perf_counter() - t, "req_bytes": st.bytes_sent - b0,
+                       "resp_bytes": st.bytes_received - b1, **(r.get("timing") or {})}
+                ca = r.get("ca")
+                if isinstance(ca, dict) and ca.get("n"):
+                    import zlib
+                    raw = bytes(ca.get("k", b"")) + bytes(ca.get("v", b""))
+                    rec.update(ca_n=ca["n"], ca_bytes=len(raw), ca_zlib1=len(zlib.compress(raw, 1)))
+                st.trace.append(rec)
+            return r
         except RemoteError as e:
             if e.status in (502, 503, 504):
                 raise Unavailable(str(e)) from None
@@ -287,9 +357,19 @@ class _Run:
     def _open(self, replay: bool) -> dict:
         msg = {"v": P.VERSION, "seq": self.seq, "prompt": P.pack_i32(self.prompt), "sampling": self.sampling,
                "ca_dtype": self.g.ca_dtype, "max_tokens": self.max_tokens}
+        if self.g.bundle_id is not None:
+            msg["bundle_id"] = self.g.bundle_id
         if replay:
             msg.update(generated=P.pack_i32(self.out[:-1]), root=self.root)
-        r = self._call("POST", "/moa/v1/sessions", msg)
+        try:
+            r = self._call("POST", "/moa/v1/sessions", msg)
+        except RemoteError as e:
+            if e.kind == "bundle_mismatch":
+                raise RemoteError(f"the client bundle '{self.g.bundle.dir}' (bundle_id {self.g.bundle_id[:16]}…) "
+                                  f"was made for another drafter/target than the server's: {e}. Rebuild it with "
+                                  "`moa-cpp bundle`, or run the client without --bundle to download the server's",
+                                  e.status, e.kind) from None
+            raise
         self.sid = r["session"]
         if replay:
             self.st.reopen_calls += 1
@@ -304,7 +384,10 @@ class _Run:
         g = self.g
         g.state.rollback(0)
         r = self._open(False)
+        t_app = time.perf_counter()
         self.g._append(r)
+        if st.trace:
+            st.trace[-1].update(kind="open", k=len(self.prompt), a=0, t_append=time.perf_counter() - t_app)
         first = self.g._tokens(r)
         self.out += first
         self.n = r["n"]
@@ -326,6 +409,7 @@ class _Run:
 
     def _cycle(self) -> None:
         g = self.g
+        t_cycle, t_draft, resync = time.perf_counter(), 0.0, bool(self.unverified)
         if self.unverified:
             toks = self.unverified[: self.MAX_CHAIN]
             prop_tokens, prop_parents = toks, list(range(-1, len(toks) - 1))
@@ -333,7 +417,8 @@ class _Run:
             t = time.perf_counter()
             prop = g.proposer.propose(self.feed, self.root, self.n, SamplingParams(), None, g.draft)
             self.feed = []
-            self.st.t_drafter += time.perf_counter() - t
+            t_draft = time.perf_counter() - t
+            self.st.t_drafter += t_draft
             prop_tokens, prop_parents = [int(x) for x in prop.tokens], [int(x) for x in prop.parents]
         self.seq += 1
         msg = {"v": P.VERSION, "seq": self.seq, "n": self.n, "root": self.root,
@@ -348,7 +433,12 @@ class _Run:
                 self._reopen()
                 return
             raise
+        tr = self.st.trace
+        n_tr = len(tr) if tr is not None else 0
         self._verified(r, prop_tokens)
+        if tr is not None and n_tr:
+            tr[n_tr - 1].update(kind="resync" if resync else "verify", k=len(prop_tokens),
+                                a=int(r["accepted"]), t_draft=t_draft, t_cycle=time.perf_counter() - t_cycle)
 
     def _verified(self, r: dict, prop_tokens: list) -> None:
         """Apply a verify answer: CA, confirmed / rolled-back unverified tokens, new tokens."""
@@ -357,7 +447,10 @@ class _Run:
         a = int(r["accepted"])
         st.drafted += len(prop_tokens)
         st.accepted += a
+        t_app = time.perf_counter()
         self.g._append(r)
+        if st.trace:
+            st.trace[-1]["t_append"] = time.perf_counter() - t_app
         new = self.g._tokens(r)
         self.feed = [self.root] + new[:a]        # the accepted path (a tree's need not be its first nodes)
         pos = len(self.out)

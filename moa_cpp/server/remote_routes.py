@@ -3,7 +3,8 @@ as the OpenAI routes): ``GET /moa/v1/info``, ``POST /moa/v1/sessions`` (open),
 ``POST /moa/v1/sessions/{id}/verify``, ``DELETE /moa/v1/sessions/{id}``.
 
 A remote session holds a pool session from open until it is closed, its generation ends, or it
-stays idle ``IDLE_S`` seconds (reaped at the next open). Another key's session is a 404.
+stays idle ``--idle-timeout`` seconds (a sweeper closes it; the client reopens by replay on its
+next call's 404). Another key's session is a 404.
 """
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from starlette.routing import Route
 from ..remote import protocol as P
 from ..speculative.types import SamplingParams
 from .auth import offered_key
+from .bundle_routes import BundleAPI
 from .errors import APIError
 from .remote_sessions import RemoteSession, check_state, new_session, open_generation, rewind, verify_cycle
 
-IDLE_S = 300.0
 MAX_PROMPT = 1 << 16
 
 
@@ -35,6 +36,8 @@ class RemoteAPI:
         self.srv = srv
         self.sessions: dict = {}
         self.locks: dict = {}
+        self.sweeper: Any = None          # started with the first session (uvicorn runs without lifespan)
+        self.bundle = BundleAPI(srv)      # --bundle files, this server's bundle_id
 
     # ------------------------------------------------------------------ helpers
 
@@ -67,10 +70,18 @@ class RemoteAPI:
             self.srv.pool.release(rs.pool_session)
 
     def _reap(self) -> None:
-        now = time.monotonic()
+        now, idle = time.monotonic(), self.srv.settings.idle_timeout_s
         for rs in list(self.sessions.values()):
-            if now - rs.last_used > IDLE_S and not self.locks[rs.id].locked():
+            if now - rs.last_used > idle and not self.locks[rs.id].locked():
                 self._close(rs)
+
+    async def sweep(self) -> None:
+        """Close idle sessions every few seconds, so an abandoned one frees its pool session
+        (and a queued request gets it) without waiting for the next open."""
+        period = min(10.0, max(0.1, self.srv.settings.idle_timeout_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            self._reap()
 
     async def _run(self, fn: Any, *args: Any) -> dict:
         try:
@@ -89,6 +100,7 @@ class RemoteAPI:
                              "n_ctx": self.srv.n_ctx, "ca_dtypes": list(P.CA_DTYPES),
                              "ca_heads": m.ca_kv_heads if m else None, "ca_dim": m.head_dim if m else None,
                              "tli": m.tli if m else None,
+                             "bundle_id": await self.bundle.bundle_id_async(),
                              "limits": {"max_tree_nodes": self.srv.settings.max_tree_nodes,
                                         "max_body_bytes": self.srv.settings.max_body_bytes}})
 
@@ -106,6 +118,7 @@ class RemoteAPI:
             root = P.get_int(msg, "root", -1, 2 ** 31, -1)
         except P.ProtocolError as e:
             raise _err(e) from None
+        await self.bundle.check_open(msg)
         n_vocab = self.srv.pool.sessions[0].gen.target.n_vocab
         if prompt.size == 0 or prompt.min() < 0 or prompt.max() >= n_vocab:
             raise APIError(422, f"prompt: 1.. token ids in [0, {n_vocab})", code="invalid_field")
@@ -117,6 +130,8 @@ class RemoteAPI:
             raise APIError(422, f"the prompt ({prompt.size} tokens) does not fit the context ({self.srv.n_ctx})",
                            code="context_full")
         self._reap()
+        if self.sweeper is None:
+            self.sweeper = asyncio.get_running_loop().create_task(self.sweep())
         pool_session = await self.srv.pool.acquire()
         try:
             rs = new_session(pool_session, offered_key(request.scope.get("headers", ())), ca_dtype)
@@ -159,6 +174,7 @@ class RemoteAPI:
                 await self._run(rewind, rs, n)
             out = await self._run(verify_cycle, rs, tokens, parents)
             out["seq"] = seq
+            rs.last_used = time.monotonic()
             if rs.g.finished:
                 self._close(rs)
         return self._reply(out, ctype)
@@ -173,7 +189,8 @@ class RemoteAPI:
         return [Route("/moa/v1/info", self.info, methods=["GET"]),
                 Route("/moa/v1/sessions", self.open, methods=["POST"]),
                 Route("/moa/v1/sessions/{sid}/verify", self.verify, methods=["POST"]),
-                Route("/moa/v1/sessions/{sid}", self.close, methods=["DELETE"])]
+                Route("/moa/v1/sessions/{sid}", self.close, methods=["DELETE"]),
+                *self.bundle.routes()]
 
 
 def _sampling(s: Any) -> SamplingParams:

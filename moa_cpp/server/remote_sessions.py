@@ -50,12 +50,15 @@ class ClientProposals:
         self.scratch = scratch            # any DrafterState of the model: compute_ca leaves it untouched
         self.next: Proposal = Proposal.empty()
         self.ca: list = []                # (k, v, pos0) since the last take_ca()
+        self.lsa_s = 0.0                  # seconds in compute_ca since the last verify began
 
     def reset(self) -> None:
         self.ca = []
 
     def observe(self, lsa_in: np.ndarray, pos0: int) -> None:
+        t = time.perf_counter()
         k, v = self.scratch.compute_ca(lsa_in, pos0)
+        self.lsa_s += time.perf_counter() - t        # reported as timing.lsa_ms
         self.ca.append((k, v, pos0))
 
     def propose(self, feed: Sequence[int], root: int, pos: int, sp: SamplingParams, rng=None,
@@ -147,6 +150,7 @@ def verify_cycle(rs: RemoteSession, tokens: np.ndarray, parents: np.ndarray) -> 
     rs.proposer.next = proposal_from(tokens, parents)
     verdicts: list = []
     rs.loop.on_cycle = lambda pos, root, proposal, scores, verdict: verdicts.append(verdict)
+    rs.proposer.lsa_s = 0.0
     t = time.perf_counter()
     try:
         r = rs.loop.step(rs.g)
@@ -156,7 +160,8 @@ def verify_cycle(rs: RemoteSession, tokens: np.ndarray, parents: np.ndarray) -> 
         rs.history.extend(int(x) for x in v.tokens)
         rs.history.append(int(v.bonus))
     return _answer(rs, r, {"accepted": r.accepted, "drafted": r.drafted,
-                           "timing": {"decode_ms": 1000 * (time.perf_counter() - t)}})
+                           "timing": {"decode_ms": 1000 * (time.perf_counter() - t),
+                                      "lsa_ms": 1000 * rs.proposer.lsa_s}})
 
 
 def check_state(rs: RemoteSession, seq: int, n: int, root: int) -> bool:

@@ -34,6 +34,8 @@ class ServerSettings:
     max_chain: int = 16
     retry_after_s: int = 1
     body_timeout_s: float = 30.0
+    bundle: Optional[str] = None            # client bundle directory served at /moa/v1/bundle (moa-cpp bundle)
+    idle_timeout_s: float = 300.0           # a client-server session unused this long is closed
 
     def session_threads(self) -> int:
         if self.threads:
@@ -80,6 +82,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest tree a request's moa.draft may ask (default 62)")
     p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a client has to send its request body (default 30)")
+    p.add_argument("--idle-timeout", type=float, default=300.0, metavar="S",
+                   help="close a client-server (MoA protocol) session idle this many seconds (default 300)")
+    p.add_argument("--bundle", metavar="DIR",
+                   help="serve this client bundle (moa-cpp bundle -m T -d D -o DIR) at /moa/v1/bundle; it must have "
+                        "been made from this server's drafter and target")
     p.add_argument("--verbose", dest="llama_verbose", action="store_true", help="show llama.cpp's own log lines")
 
 
@@ -94,4 +101,5 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           n_gpu_layers=ngl, device=args.device, draft=args.draft, rpc=rpc,
                           model_alias=args.model_alias, max_body_bytes=args.max_body_bytes,
                           max_tokens_limit=args.max_tokens_limit, max_tree_nodes=args.max_tree_nodes,
-                          body_timeout_s=args.body_timeout)
+                          body_timeout_s=args.body_timeout, idle_timeout_s=args.idle_timeout,
+                          bundle=getattr(args, "bundle", None))

@@ -43,7 +43,7 @@ extern "C" {
 #  endif
 #endif
 
-#define MOA_ABI_VERSION 3  /* 2: moa_state_feed, moa_state_draft_rows; 3: compute_ca, append_ca */
+#define MOA_ABI_VERSION 4  /* 2: moa_state_feed, moa_state_draft_rows; 3: compute_ca, append_ca; 4: moa_model_role */
 
 enum moa_status {
     MOA_OK                    =  0,
@@ -55,6 +55,13 @@ enum moa_status {
     MOA_ERR_BACKEND           = -6,  /* ggml backend failure                            */
     MOA_ERR_INTERNAL          = -7,
     MOA_ERR_CACHE_FULL        = -8   /* state n_ctx exceeded; nothing was changed        */
+};
+
+/* What a drafter GGUF holds (metadata key moa.role). */
+enum moa_role {
+    MOA_ROLE_FULL   = 0,  /* every drafter tensor (moa.role absent or "full")                   */
+    MOA_ROLE_CLIENT = 1   /* client bundle (moa.role "client"): no lsa.*, ekv2e.*, ca.attn_k/v;
+                             CA K/V come from a server through moa_state_append_ca             */
 };
 
 typedef int32_t moa_token;
@@ -96,8 +103,10 @@ MOA_API void        moa_model_params_init(struct moa_model_params * p);
 
 /* Load a drafter GGUF (general.architecture "moa") and borrow token_embd / LM head (and the
  * last N layers + output_norm when TLI N > 0) from the target GGUF. target_path may be NULL
- * when the drafter file bundles those tensors. Checks drafter/target agreement (vocab, width,
- * layer count, KV heads, head dim). Returns NULL on failure (see moa_last_error). */
+ * when the drafter file bundles those tensors (a client-role file, moa.role = "client", made by
+ * `moa-cpp bundle`, always does; it holds no LSA / Ekv2E / CA k,v weights). Checks
+ * drafter/target agreement (vocab, width, layer count, KV heads, head dim). Returns NULL on
+ * failure (see moa_last_error). */
 MOA_API moa_model * moa_model_load(const char * drafter_path, const char * target_path,
                                    const struct moa_model_params * params);
 MOA_API void        moa_model_free(moa_model * model);
@@ -114,6 +123,9 @@ MOA_API int32_t     moa_model_head_dim(const moa_model * model);        /* draft
 /* Reduced draft vocabulary: if moa_model_n_vocab < moa_model_n_target_vocab, copy the
  * draft->target id map (n_vocab entries) to out and return MOA_OK; else MOA_ERR_INVALID_ARGUMENT. */
 MOA_API int32_t     moa_model_get_d2t(const moa_model * model, int32_t * out);
+/* enum moa_role of the loaded drafter. A MOA_ROLE_CLIENT model cannot commit or compute_ca
+ * (MOA_ERR_INVALID_ARGUMENT); append_ca, feed, draft and rollback work as for a full model. */
+MOA_API int32_t     moa_model_role(const moa_model * model);
 /* Name of the backend device the drafter runs on. */
 MOA_API const char * moa_model_device(const moa_model * model);
 

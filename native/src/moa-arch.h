@@ -38,6 +38,7 @@ constexpr const char * LSA_FFN            = "moa.lsa.feed_forward_length";
 constexpr const char * LSA_INPUT_LAYOUT   = "moa.lsa.input_layout";
 constexpr const char * SA_ROPE_SCALING    = "moa.sa.rope_scaling.type";
 constexpr const char * DRAFT_VOCAB_SIZE   = "moa.draft_vocab_size";
+constexpr const char * ROLE               = "moa.role";  // string, optional: "full" (default) | "client"
 }  // namespace key
 
 // Decoder-layer tensor suffixes shared by the sa / ca / lsa modules.

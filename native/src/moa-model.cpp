@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -383,6 +384,13 @@ moa_hparams read_drafter_hparams(const gguf_file & df, const moa_model_params & 
     hp.rope_base    = (float) df.real(K::ROPE_FREQ_BASE);
     hp.n_vocab_target = (int32_t) df.integer(K::VOCAB_SIZE);
     hp.tli          = params.tli >= 0 ? params.tli : (int32_t) df.integer(K::TLI, 0);
+    const std::string role = df.str(K::ROLE, "full");
+    if (role == "client") {
+        hp.role = MOA_ROLE_CLIENT;
+    } else if (role != "full") {
+        moa_throw(MOA_ERR_FORMAT, "'%s': moa.role '%s' is not supported (expected 'full' or 'client')", df.path.c_str(),
+                  role.c_str());
+    }
     return hp;
 }
 
@@ -413,6 +421,9 @@ void check_hparam_consistency(const gguf_file & df, const moa_hparams & hp, std:
         problems.push_back("moa.lsa.embedding_length must equal 2 * moa.target.head_count_kv * moa.target.key_length");
     }
     if (hp.tli < 0) problems.push_back("target layer inference N must be >= 0");
+    if (hp.role == MOA_ROLE_CLIENT && hp.tli != 0) {
+        problems.push_back("a client-role drafter (moa.role = client) needs TLI N == 0 (split mode does not send the TLI layers' K/V)");
+    }
     const std::string layout = df.str(K::ROPE_QK_LAYOUT, "neox");
     if (layout != "neox") problems.push_back("moa.rope.qk_layout '" + layout + "' is not supported (expected 'neox')");
     const std::string in_layout = df.str(K::LSA_INPUT_LAYOUT, "hf");
@@ -422,26 +433,33 @@ void check_hparam_consistency(const gguf_file & df, const moa_hparams & hp, std:
 }
 
 // The 29 trainable tensors: present, of the shape the hyper-parameters imply, of a usable type.
+// A client-role file holds only the 16 the client runs: no LSA, no Ekv2E, no CA k/v (the
+// server computes the CA K/V).
 void check_drafter_shapes(const gguf_file & df, const moa_hparams & hp, std::vector<std::string> & problems) {
     const int64_t d = hp.n_embd, hd = (int64_t) hp.n_head * hp.head_dim, W = hp.lsa_width;
-    struct mod { const char * name; int64_t width, q, kv, ff; };
+    const bool client = hp.role == MOA_ROLE_CLIENT;
+    struct mod { const char * name; int64_t width, q, kv, ff; bool kv_weights; };
     const mod mods[] = {
-        {"sa", d, hd, (int64_t) hp.sa_n_kv * hp.head_dim, hp.sa_n_ff},
-        {"ca", d, hd, (int64_t) hp.ca_n_kv * hp.head_dim, hp.ca_n_ff},
-        {"lsa", W, (int64_t) hp.lsa_n_head * hp.lsa_head_dim, (int64_t) hp.lsa_n_kv * hp.lsa_head_dim, hp.lsa_n_ff},
+        {"sa", d, hd, (int64_t) hp.sa_n_kv * hp.head_dim, hp.sa_n_ff, true},
+        {"ca", d, hd, (int64_t) hp.ca_n_kv * hp.head_dim, hp.ca_n_ff, !client},
+        {"lsa", W, (int64_t) hp.lsa_n_head * hp.lsa_head_dim, (int64_t) hp.lsa_n_kv * hp.lsa_head_dim, hp.lsa_n_ff, true},
     };
     for (const mod & md : mods) {
+        if (client && std::strcmp(md.name, "lsa") == 0) continue;
         const std::string p = std::string(md.name) + ".";
         expect_shape(df, p + "attn_norm.weight", md.width, 1, true, problems);
         expect_shape(df, p + "attn_q.weight", md.width, md.q, false, problems);
-        expect_shape(df, p + "attn_k.weight", md.width, md.kv, false, problems);
-        expect_shape(df, p + "attn_v.weight", md.width, md.kv, false, problems);
+        if (md.kv_weights) {
+            expect_shape(df, p + "attn_k.weight", md.width, md.kv, false, problems);
+            expect_shape(df, p + "attn_v.weight", md.width, md.kv, false, problems);
+        }
         expect_shape(df, p + "attn_output.weight", md.q, md.width, false, problems);
         expect_shape(df, p + "ffn_norm.weight", md.width, 1, true, problems);
         expect_shape(df, p + "ffn_gate.weight", md.width, md.ff, false, problems);
         expect_shape(df, p + "ffn_up.weight", md.width, md.ff, false, problems);
         expect_shape(df, p + "ffn_down.weight", md.ff, md.width, false, problems);
     }
+    if (client) return;
     expect_shape(df, moa_arch::EKV2E_WEIGHT, W, d, false, problems);
     expect_shape(df, moa_arch::EKV2E_BIAS, d, 1, true, problems);
 }
@@ -633,9 +651,17 @@ void load_drafter_weights(moa_model & m, const gguf_file & df) {
     tensor_list dl;
     add_layer_tensors(dl, "sa.", m.sa);
     add_layer_tensors(dl, "ca.", m.ca);
-    add_layer_tensors(dl, "lsa.", m.lsa);
-    dl.push_back({moa_arch::EKV2E_WEIGHT, &m.ekv2e_w});
-    dl.push_back({moa_arch::EKV2E_BIAS, &m.ekv2e_b});
+    if (m.hp.role == MOA_ROLE_CLIENT) {
+        // No CA k/v, LSA, Ekv2E in a client file: those slots stay NULL (commit / compute_ca
+        // refuse a client-role model before building a graph).
+        dl.erase(std::remove_if(dl.begin(), dl.end(), [](const auto & e) {
+            return e.first == "ca.attn_k.weight" || e.first == "ca.attn_v.weight";
+        }), dl.end());
+    } else {
+        add_layer_tensors(dl, "lsa.", m.lsa);
+        dl.push_back({moa_arch::EKV2E_WEIGHT, &m.ekv2e_w});
+        dl.push_back({moa_arch::EKV2E_BIAS, &m.ekv2e_b});
+    }
     ggml_tensor * draft_head = nullptr;
     if (df.tensor(moa_arch::DRAFT_OUTPUT)) dl.push_back({moa_arch::DRAFT_OUTPUT, &draft_head});
     load_tensors(m, df, dl, "", false);
@@ -700,8 +726,8 @@ moa_model * moa_model_load_impl(const char * drafter_path, const char * target_p
     load_tli_layers(*m, src);
 
     const moa_hparams & hp = m->hp;
-    MOA_LOG_INFO("moa: loaded drafter '%s' on %s: d=%d H=%d D=%d L=%d W=%d vocab=%d tli=%d",
+    MOA_LOG_INFO("moa: loaded drafter '%s' on %s: d=%d H=%d D=%d L=%d W=%d vocab=%d tli=%d%s",
                  drafter_path, m->device_name.c_str(), hp.n_embd, hp.n_head, hp.head_dim, hp.n_target_layers,
-                 hp.lsa_width, hp.n_vocab, hp.tli);
+                 hp.lsa_width, hp.n_vocab, hp.tli, hp.role == MOA_ROLE_CLIENT ? " role=client" : "");
     return m.release();
 }

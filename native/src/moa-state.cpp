@@ -126,6 +126,15 @@ void alloc(ggml_backend_sched_t sched, ggml_cgraph * gf) {
 
 }  // namespace
 
+// commit / compute_ca run LSA -> Ekv2E -> CA k/v, whose weights a client-role file lacks.
+void moa_state::check_full_role(const char * who) const {
+    if (m.hp.role == MOA_ROLE_CLIENT) {
+        moa_throw(MOA_ERR_INVALID_ARGUMENT, "%s: this drafter is a client-role file (moa.role = client, from `moa-cpp bundle`): "
+                  "it has no LSA / Ekv2E / CA k,v weights; append CA K/V computed by the server with moa_state_append_ca, "
+                  "or load the full drafter", who);
+    }
+}
+
 void moa_state::check_commit_range(const char * who, int32_t n_tokens, moa_pos pos0) const {
     if (n_tokens <= 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "%s: need n_tokens > 0", who);
     if (pos0 < 0 || pos0 > n_ca) {
@@ -169,6 +178,7 @@ void set_commit_positions(ggml_tensor * lpos, ggml_tensor * pos, int64_t L, int6
 // ref: §4-§6, prefill step 2 and update step 2 of §12.
 void moa_state::commit(const float * lsa_in, int32_t n_tokens, moa_pos pos0, float * lsa_out, float * lsa_mean, float * ekv) {
     const moa_hparams & hp = m.hp;
+    check_full_role("commit");
     if (!lsa_in) moa_throw(MOA_ERR_INVALID_ARGUMENT, "commit: need n_tokens > 0 and lsa_in");
     check_commit_range("commit", n_tokens, pos0);
     const int64_t L = hp.n_target_layers, W = hp.lsa_width, d = hp.n_embd;
@@ -219,6 +229,7 @@ void moa_state::commit(const float * lsa_in, int32_t n_tokens, moa_pos pos0, flo
 // Server side of a split commit: the same graph as commit, its K/V copied out instead of stored.
 void moa_state::compute_ca(const float * lsa_in, int32_t n_tokens, moa_pos pos0, float * k_out, float * v_out) {
     const moa_hparams & hp = m.hp;
+    check_full_role("compute_ca");
     if (!lsa_in || !k_out || !v_out) moa_throw(MOA_ERR_INVALID_ARGUMENT, "compute_ca: lsa_in, k_out and v_out are required");
     if (!tli_k.empty()) moa_throw(MOA_ERR_INVALID_ARGUMENT, "compute_ca: split mode needs TLI N == 0 (this drafter has %d)", (int) tli_k.size());
     if (n_tokens <= 0 || pos0 < 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "compute_ca: need n_tokens > 0 and pos0 >= 0");

@@ -57,6 +57,7 @@ struct moa_state {
 private:
     void release();
     void check_commit_range(const char * who, int32_t n_tokens, moa_pos pos0) const;
+    void check_full_role(const char * who) const;
     // LSA -> mean -> Ekv2E -> CA norm -> CA K (RoPE at pos) / V of one chunk [W, L, T].
     void build_ca_kv(const struct moa_graph & g, ggml_tensor * x, ggml_tensor * lpos, ggml_tensor * pos,
                      ggml_tensor ** k, ggml_tensor ** v, ggml_tensor ** y, ggml_tensor ** mean, ggml_tensor ** e) const;

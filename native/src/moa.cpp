@@ -53,6 +53,7 @@ int32_t moa_model_lsa_width(const moa_model * m) { return m ? m->hp.lsa_width : 
 int32_t moa_model_tli(const moa_model * m) { return m ? m->hp.tli : 0; }
 int32_t moa_model_ca_kv_heads(const moa_model * m) { return m ? m->hp.ca_n_kv : 0; }
 int32_t moa_model_head_dim(const moa_model * m) { return m ? m->hp.head_dim : 0; }
+int32_t moa_model_role(const moa_model * m) { return m ? m->hp.role : MOA_ROLE_FULL; }
 const char * moa_model_device(const moa_model * m) { return m ? m->device_name.c_str() : ""; }
 
 int32_t moa_model_get_d2t(const moa_model * m, int32_t * out) {

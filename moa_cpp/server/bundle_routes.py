@@ -1,0 +1,107 @@
+"""The client bundle on ``moa-cpp serve`` (spec/client-server.md §1.3, §2.4):
+
+- ``GET /moa/v1/bundle``: the manifest of ``--bundle DIR`` (404 ``no_bundle`` without one);
+- ``GET /moa/v1/bundle/{file}``: one of the files the manifest names (nothing else is served);
+- this server's ``bundle_id`` (``moa_cpp.remote.bundle.bundle_id`` of its drafter and target),
+  reported by ``/moa/v1/info`` and checked against the ``bundle_id`` an open may carry (409
+  ``bundle_mismatch``).
+
+Auth is the app's middleware (every route but /health). The files hold target weights: the
+target's licence applies to whoever downloads them.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Optional
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from ..remote import bundle as B
+from .errors import APIError
+
+
+def server_files(srv: Any) -> tuple:
+    """(MoA drafter path or None, target path) of a running server."""
+    gen = srv.pool.sessions[0].gen
+    model = gen.state.model if getattr(gen, "state", None) is not None else None
+    return (str(model.path) if model is not None else None), str(gen.target.path)
+
+
+class BundleAPI:
+    def __init__(self, srv: Any) -> None:
+        self.srv = srv
+        self._id: Optional[str] = None
+        self._id_known = False
+        self._lock = threading.Lock()
+        self.bundle: Optional[B.Bundle] = None
+        path = getattr(srv.settings, "bundle", None)
+        if path:
+            # `moa-cpp serve` has verified the files' sha256 before loading the models
+            # (B.check_server_bundle); here only the manifest and the identity are checked again.
+            self.bundle = B.load_bundle(path, verify=False)
+            mine = self.bundle_id()
+            if mine != self.bundle.bundle_id:
+                raise B.BundleMismatchError(f"bundle '{path}' was made for another drafter/target than this server's "
+                                            f"(bundle_id {self.bundle.bundle_id[:16]}… vs {str(mine)[:16]}…)")
+
+    def bundle_id(self) -> Optional[str]:
+        """This server's bundle_id (None without an MoA drafter); computed once (hashes the
+        drafter's and target's tensor data)."""
+        with self._lock:
+            if not self._id_known:
+                drafter, target = server_files(self.srv)
+                self._id = B.bundle_id(drafter, target).bundle_id if drafter else None
+                self._id_known = True
+            return self._id
+
+    async def bundle_id_async(self) -> Optional[str]:
+        if self._id_known:
+            return self._id
+        return await asyncio.get_running_loop().run_in_executor(None, self.bundle_id)
+
+    async def check_open(self, msg: dict) -> None:
+        """409 ``bundle_mismatch`` if the open names a bundle_id other than this server's."""
+        want = msg.get("bundle_id")
+        if want is None:
+            return
+        if not isinstance(want, str) or len(want) > 128:
+            raise APIError(422, "bundle_id must be a string (the client bundle's manifest bundle_id)",
+                           code="invalid_field")
+        mine = await self.bundle_id_async()
+        if want != mine:
+            raise APIError(409, f"the client's bundle (bundle_id {want[:16]}…) was made for another drafter/target "
+                                f"than this server's (bundle_id {str(mine)[:16]}…)", code="bundle_mismatch")
+
+    # ------------------------------------------------------------------ routes
+
+    def _need_bundle(self) -> B.Bundle:
+        if self.bundle is None:
+            raise APIError(404, "this server serves no client bundle (start it with --bundle DIR)", code="no_bundle")
+        return self.bundle
+
+    async def manifest(self, request: Request) -> Response:
+        return JSONResponse(self._need_bundle().manifest)
+
+    async def file(self, request: Request) -> Response:
+        b = self._need_bundle()
+        name = request.path_params["name"]
+        entry = b.file_entry(name)
+        if entry is None:
+            raise APIError(404, f"no bundle file {name!r}", code="not_found")
+        path = b.dir / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            raise APIError(500, f"bundle file {name} is gone from the server", code="internal_error") from None
+        if size != entry["size"]:
+            raise APIError(500, f"bundle file {name} changed on the server since it started", code="internal_error")
+        return FileResponse(path, media_type="application/octet-stream", filename=name,
+                            headers={"X-Moa-Sha256": entry["sha256"]})
+
+    def routes(self) -> list:
+        return [Route("/moa/v1/bundle", self.manifest, methods=["GET"]),
+                Route("/moa/v1/bundle/{name}", self.file, methods=["GET"])]
+
