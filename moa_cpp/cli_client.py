@@ -118,7 +118,8 @@ def run_client(args: argparse.Namespace) -> int:
         r = gen.generate(prompt, max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
                          top_p=args.top_p, seed=args.seed, on_event=on_event)
     except RemoteError as e:
-        print(f"moa-cpp client: error: the server answered {e.status} {e.kind}: {e}", file=sys.stderr)
+        said = f"the server answered {e.status} {e.kind}: " if e.status else ""
+        print(f"moa-cpp client: error: {said}{e}", file=sys.stderr)
         return 2
     finally:
         gen.close()

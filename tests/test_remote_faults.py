@@ -6,6 +6,7 @@ unverified token is confirmed or rolled back exactly once, the events replay to 
 the greedy output equals single-device plain decoding."""
 from __future__ import annotations
 
+import select
 import signal
 import socket
 
@@ -135,6 +136,26 @@ def test_blackhole_is_detected_by_the_read_timeout(server, plain_tokens):
     assert r.tokens == plain_tokens and not r.unverified
     assert r.stats.disconnections >= 1 and r.stats.resyncs >= 1
     check_invariants(r)
+
+
+def test_a_dead_kept_alive_connection_is_replaced(server, plain_tokens, monkeypatch):
+    """Between two generations the kept-alive connection dies (reset; a server's keep-alive
+    timeout does the same): the next request could not be sent on it, so it goes once more on a
+    fresh connection: no disconnection, no error."""
+    from moa_cpp.remote.client import _Transport
+    monkeypatch.setattr(_Transport, "REUSE_IDLE_S", 1e9)        # reuse it however long it idled
+    proxy = FaultProxy(server.host, server.port)
+    try:
+        g = _client(proxy.url)
+        first = g.generate(PROMPT, max_tokens=8)
+        sock = g.http.conn.sock
+        proxy.kill_all()
+        select.select([sock], [], [], 5.0)        # the reset has reached the client's socket
+        r = g.generate(PROMPT, max_tokens=MAX)
+    finally:
+        proxy.close()
+    assert first.tokens == plain_tokens[:8]
+    assert r.tokens == plain_tokens and r.stats.disconnections == 0
 
 
 def _free_port() -> int:

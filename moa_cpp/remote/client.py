@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import select
 import socket
 import time
 from dataclasses import dataclass, field
@@ -113,34 +114,74 @@ class _Transport:
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"server URL must be http(s)://HOST:PORT, got {url!r}")
         self.host, self.port, self.https = u.hostname, u.port or (443 if u.scheme == "https" else 80), u.scheme == "https"
-        self.headers = {"Content-Type": content_type, "Accept": content_type}
+        self.headers = {"Content-Type": content_type}     # the server answers in the request's type
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
         self.ctype, self.timeout = content_type, timeout
         self.conn: Optional[http.client.HTTPConnection] = None
+        self.last_used = 0.0
+
+    # A kept-alive connection idle this long may have been closed by the server (uvicorn's default
+    # keep-alive is 5 s; moa-cpp serve keeps 75 s): start a fresh one rather than find out by a
+    # failed request, which would be ambiguous (was the request processed?).
+    REUSE_IDLE_S = 4.0
+
+    def _dropped(self) -> bool:
+        """The kept-alive connection was closed by the other side (urllib3's check: an idle
+        connection with something to read has an EOF or a reset waiting)."""
+        sock = self.conn.sock if self.conn is not None else None
+        if sock is None:
+            return True
+        try:
+            return bool(select.select([sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
 
     def _connect(self) -> http.client.HTTPConnection:
+        if self.conn is not None and (time.monotonic() - self.last_used > self.REUSE_IDLE_S or self._dropped()):
+            self.close()
         if self.conn is None:
             cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
             self.conn = cls(self.host, self.port, timeout=self.timeout)
+            # http.client writes the header block and the body in two send()s: with Nagle on,
+            # the body waits for the ACK of the headers (a delayed ACK: ~40 ms per request)
+            self.conn.connect()
+            self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return self.conn
+
+    def _exchange(self, method: str, path: str, body: Optional[bytes]) -> tuple:
+        """(response, body bytes). A request that could not even be sent on a reused connection
+        (the server had closed it) is sent once more on a fresh one: the server cannot have
+        processed a request it did not receive. A failure after sending is the caller's."""
+        for attempt in (0, 1):
+            fresh = self.conn is None or time.monotonic() - self.last_used > self.REUSE_IDLE_S
+            try:
+                c = self._connect()
+                c.request(method, path, body=body, headers=self.headers)
+            except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+                self.close()
+                if attempt or fresh:
+                    raise
+                continue
+            except (OSError, http.client.HTTPException):
+                self.close()
+                raise
+            try:
+                r = c.getresponse()
+                data = r.read()
+            except (OSError, http.client.HTTPException):
+                self.close()
+                raise
+            self.last_used = time.monotonic()
+            if r.will_close:
+                self.close()
+            return r, data
+        raise AssertionError("unreachable")
 
     def call(self, method: str, path: str, obj: Optional[dict], stats: RemoteStats) -> dict:
         body = P.encode_body(obj, self.ctype) if obj is not None else None
         t = time.perf_counter()
-        c = self._connect()
-        try:
-            if c.sock is None:
-                # http.client writes the header block and the body in two send()s: with Nagle on,
-                # the body waits for the ACK of the headers (a delayed ACK: ~40 ms per request)
-                c.connect()
-                c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            c.request(method, path, body=body, headers=self.headers)
-            r = c.getresponse()
-            data = r.read()
-        except (OSError, http.client.HTTPException):
-            self.close()
-            raise
+        r, data = self._exchange(method, path, body)
         stats.t_network += time.perf_counter() - t
         stats.server_calls += 1
         stats.bytes_sent += len(body or b"") + len(method) + len(path) + 12 + sum(len(k) + len(v) + 4 for k, v in
@@ -383,7 +424,11 @@ class _Run:
         st = self.st
         g = self.g
         g.state.rollback(0)
-        r = self._open(False)
+        try:
+            r = self._open(False)
+        except Unavailable as e:       # nothing generated yet: nothing to continue offline from
+            raise RemoteError(f"cannot reach the server at {g.http.host}:{g.http.port} ({e})", 0,
+                              "unavailable") from None
         t_app = time.perf_counter()
         self.g._append(r)
         if st.trace:
@@ -430,7 +475,10 @@ class _Run:
             return
         except RemoteError as e:
             if e.status == 404 or e.kind == "state_mismatch":
-                self._reopen()
+                try:
+                    self._reopen()
+                except Unavailable:          # gone again while reopening: keep drafting alone
+                    self._offline()
                 return
             raise
         tr = self.st.trace
