@@ -122,6 +122,27 @@ def test_remote_greedy_equals_plain(server, plain, draft, ca_dtype):
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("draft", ["chain:4", "tree:6,8,62"])
+def test_remote_f32_cycles_equal_the_local_run(server, draft):
+    """A1: with f32 CA the client's drafter sees exactly what a single-device drafter sees, so
+    every cycle is the same: same proposals (drafted), same verdicts (accepted), same calls."""
+    from moa_cpp import SpeculativeGenerator, defaults
+    local = SpeculativeGenerator.from_paths(defaults.default_target(), defaults.default_drafter(), draft=draft,
+                                            n_threads=1)
+    g = _remote(server, draft=draft, ca_dtype="f32")
+    try:
+        for p in PROMPTS:
+            a = local.generate(p, max_tokens=32)
+            r = g.generate(p, max_tokens=32)
+            assert r.tokens == a.tokens
+            assert (r.stats.verify_calls, r.stats.drafted, r.stats.accepted) == \
+                (a.stats.target_calls, a.stats.drafted, a.stats.accepted), (draft, p)
+    finally:
+        g.close()
+        local.close()
+
+
+@pytest.mark.model
 def test_remote_json_bodies_too(server, plain):
     g = _remote(server, use_msgpack=False)
     try:

@@ -188,10 +188,12 @@ def test_server_killed_and_restarted(plain_tokens):
     check_invariants(r)
 
 
-def test_server_never_returns():
-    """A7 (part): the server dies for good: the generation ends with finish_reason "unverified",
-    its unverified tail kept; nothing verified was lost."""
-    srv = ServerProc("--draft", "chain:3")
+def test_server_never_returns_then_verify_pending(plain_tokens):
+    """A7: the server dies for good: the generation ends with finish_reason "unverified", its
+    unverified tail kept, nothing verified lost. A server started later on the same address lets
+    verify_pending resolve the tail (reopen by replay) and finish: plain greedy, events replay."""
+    port = _free_port()
+    srv = ServerProc("--draft", "chain:3", "--port", str(port))
     fired = {"k": False}
 
     def hook(ev):
@@ -199,9 +201,47 @@ def test_server_never_returns():
             fired["k"] = True
             srv.proc.send_signal(signal.SIGKILL)
             srv.proc.wait(10)
-    try:
-        r = _client(srv.url, resync_wait=1.0, max_unverified=16).generate(PROMPT, max_tokens=MAX, on_event=hook)
-    finally:
-        srv.kill()
+    g = _client(f"http://127.0.0.1:{port}", resync_wait=1.0, max_unverified=16)
+    r = g.generate(PROMPT, max_tokens=MAX, on_event=hook)
     assert r.finish_reason == "unverified" and len(r.unverified) == 16 and len(r.tokens) >= 6
     check_invariants(r)
+    again = ServerProc("--draft", "chain:3", "--port", str(port))
+    try:
+        done = g.verify_pending(r, wait=10.0)
+    finally:
+        again.kill()
+        g.close()
+    assert done.finish_reason in ("stop", "length") and not done.unverified
+    assert done.tokens == plain_tokens and done.stats.reopen_calls == 1
+    check_invariants(done)
+    with pytest.raises(ValueError):
+        g.verify_pending(_stale(r), wait=0.1)
+
+
+def test_cli_exit_3_when_the_server_does_not_return(server, plain_tokens):
+    """A7, CLI: the network dies after a few answers: exit 3, the JSON holds the verified tokens
+    (a prefix of plain greedy) and the unverified tail; a pipe got verified text only."""
+    import json
+    import subprocess
+    import sys
+    from moa_cpp import defaults
+    proxy = FaultProxy(server.host, server.port)
+    proxy.after(4, "refuse")                     # the open + 3 verify answers, then nothing
+    try:
+        out = subprocess.run([sys.executable, "-m", "moa_cpp.cli", "client", "--server", proxy.url,
+                              "-m", defaults.default_target(), "-d", defaults.default_drafter(), "-p", PROMPT,
+                              "-n", str(MAX), "--draft", "chain:3", "--max-unverified", "8", "--resync-wait", "1",
+                              "--json"], capture_output=True, text=True, timeout=300)
+    finally:
+        proxy.close()
+    assert out.returncode == 3, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["finish_reason"] == "unverified" and len(res["unverified"]) == 8
+    assert res["tokens"] == plain_tokens[: len(res["tokens"])] and len(res["tokens"]) >= 4
+    assert res["stats"]["disconnections"] == 1
+
+
+def _stale(r):
+    """A result whose generation is not the generator's latest."""
+    import dataclasses
+    return dataclasses.replace(r, finish_reason="unverified", _run=object())

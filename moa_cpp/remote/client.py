@@ -22,7 +22,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 from urllib.parse import urlparse
 
 import numpy as np
@@ -31,7 +31,7 @@ import numpy as np
 from ..drafter import DrafterModel, DrafterState
 from ..generator import parse_draft
 from ..speculative.proposer import MoAProposer
-from ..speculative.types import SamplingParams
+from ..speculative.types import DraftConfig, SamplingParams
 from . import protocol as P
 
 
@@ -103,6 +103,7 @@ class RemoteResult:
     stats: RemoteStats = field(default_factory=RemoteStats)
     unverified: list = field(default_factory=list)
     events: list = field(default_factory=list)
+    _run: Any = field(default=None, repr=False, compare=False)    # for RemoteGenerator.verify_pending
 
 
 class _Transport:
@@ -252,6 +253,7 @@ class RemoteGenerator:
         self.vocab = llama_cpp.Llama(str(vocab_path), vocab_only=True, verbose=False)
         ctype = P.MSGPACK if use_msgpack and P._has_msgpack() else P.JSON
         self.http = _Transport(url, key, timeout, ctype)
+        self._last_run: Optional[_Run] = None
 
     @staticmethod
     def _resolve_files(url: str, key: Optional[str], timeout: float, bundle, drafter, target) -> tuple:
@@ -308,8 +310,20 @@ class RemoteGenerator:
         sampling = {"temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p)}
         if seed is not None:
             sampling["seed"] = int(seed)
-        run = _Run(self, self.encode(prompt), int(max_tokens), sampling, on_event)
+        run = self._last_run = _Run(self, self.encode(prompt), int(max_tokens), sampling, on_event)
         return run.go()
+
+    def verify_pending(self, result: RemoteResult, wait: float = 30.0) -> RemoteResult:
+        """Resolve a result that ended with an unverified tail (``finish_reason == "unverified"``:
+        the server did not come back in time): wait up to ``wait`` seconds for the server, have
+        the tail confirmed or rolled back, and finish the generation. Events go to the same
+        ``on_event``; the new result's events and stats continue the old ones. Only the latest
+        generation of this generator can be resumed (the drafter state is its)."""
+        if result.finish_reason != "unverified":
+            return result
+        if result._run is None or result._run is not self._last_run:
+            raise ValueError("only the latest generation of this RemoteGenerator can be resumed")
+        return result._run.resume(wait)
 
     trace = False
 
@@ -439,6 +453,22 @@ class _Run:
         self._emit(Event("tokens", 0, tuple(first), True))
         self.done = r["eog"] or not first
         self.finish = r.get("finish_reason") or "stop"
+        return self._loop()
+
+    def resume(self, wait: float) -> RemoteResult:
+        """Go on after a generation gave up with an unverified tail: wait up to ``wait`` seconds
+        for the server, have the tail verified (reopening by replay if the server restarted) and
+        finish the generation."""
+        g = self.g
+        old, g.resync_wait = g.resync_wait, wait
+        self.done, self.finish = False, "length"
+        try:
+            return self._loop()
+        finally:
+            g.resync_wait = old
+
+    def _loop(self) -> RemoteResult:
+        st, g = self.st, self.g
         try:
             while not self.done:
                 self._cycle()
@@ -450,7 +480,7 @@ class _Run:
                     pass
         st.n_generated = len(self.out)
         text = g.vocab.detokenize(self.out).decode("utf-8", "replace")
-        return RemoteResult(text, list(self.out), self.finish, st, list(self.unverified), self.events)
+        return RemoteResult(text, list(self.out), self.finish, st, list(self.unverified), self.events, self)
 
     def _cycle(self) -> None:
         g = self.g
@@ -460,7 +490,7 @@ class _Run:
             prop_tokens, prop_parents = toks, list(range(-1, len(toks) - 1))
         else:
             t = time.perf_counter()
-            prop = g.proposer.propose(self.feed, self.root, self.n, SamplingParams(), None, g.draft)
+            prop = g.proposer.propose(self.feed, self.root, self.n, SamplingParams(), None, self._shape())
             self.feed = []
             t_draft = time.perf_counter() - t
             self.st.t_drafter += t_draft
@@ -488,12 +518,21 @@ class _Run:
             tr[n_tr - 1].update(kind="resync" if resync else "verify", k=len(prop_tokens),
                                 a=int(r["accepted"]), t_draft=t_draft, t_cycle=time.perf_counter() - t_cycle)
 
+    def _shape(self):
+        """The draft shape for this cycle: a chain no longer than the tokens still wanted (as the
+        single-device loop does; longer would only cost drafter work and bytes)."""
+        d = self.g.draft
+        left = self.max_tokens - len(self.out)
+        if d.mode == "chain" and d.chain > left:
+            return DraftConfig("chain", chain=max(1, left))
+        return d
+
     def _verified(self, r: dict, prop_tokens: list) -> None:
         """Apply a verify answer: CA, confirmed / rolled-back unverified tokens, new tokens."""
         st = self.st
         st.verify_calls += 1
         a = int(r["accepted"])
-        st.drafted += len(prop_tokens)
+        st.drafted += int(r.get("drafted", len(prop_tokens)))     # what the server verified of it
         st.accepted += a
         t_app = time.perf_counter()
         self.g._append(r)

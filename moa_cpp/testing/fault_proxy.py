@@ -19,6 +19,7 @@ import socket
 import struct
 import threading
 import time
+from typing import Optional
 
 
 def _rst(sock: socket.socket) -> None:
@@ -96,6 +97,7 @@ class FaultProxy:
         self.port = self.listener.getsockname()[1]
         self.listener.listen(16)
         self.listener.settimeout(0.2)
+        self.trigger: Optional[tuple] = None    # (answers left, mode): see after()
         self.running = True
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
@@ -141,11 +143,31 @@ class FaultProxy:
                     return
                 if self.mode == "blackhole":
                     continue                  # swallowed
+                if not upstream and data.startswith(b"HTTP/") and self._answers_done():
+                    return                    # the answer after the last allowed one: never delivered
                 link.put(data)
         except OSError:
             pass
         finally:
             link.close()
+
+    def after(self, answers: int, mode: str) -> None:
+        """Let ``answers`` more HTTP answers through, then switch to ``mode`` ("refuse" /
+        "blackhole") as the next one starts (it is not delivered): a fault at a point of a run
+        driven from outside, e.g. a CLI process."""
+        with self.lock:
+            self.trigger = (answers, mode)
+
+    def _answers_done(self) -> bool:
+        with self.lock:
+            if self.trigger is None:
+                return False
+            left, mode = self.trigger
+            self.trigger = (left - 1, mode) if left > 0 else None
+        if left > 0:
+            return False
+        self.refuse() if mode == "refuse" else self.blackhole()
+        return True
 
     def kill_all(self) -> None:
         """Reset every open connection."""
