@@ -23,8 +23,18 @@ from typing import Optional
 
 
 def _rst(sock: socket.socket) -> None:
+    """Reset the connection now. Linux defers the close of a socket another thread is blocked in
+    recv() on until that recv returns (here: a pipe thread, for up to its timeout), so the reader
+    is woken first (SHUT_RD sends nothing), then the close with a zero linger sends the RST."""
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # close = RST
+    except OSError:
+        pass
+    try:
+        sock.shutdown(socket.SHUT_RD)
+    except OSError:
+        pass
+    try:
         sock.close()
     except OSError:
         pass
