@@ -60,8 +60,7 @@ def traced_runs(url: str, model: str, drafter: str, prompts: list, max_tokens: i
                 **gen_kw) -> list:
     """One traced generation per prompt: dicts with tokens, wall, trace."""
     from moa_cpp.remote.client import RemoteGenerator
-    g = RemoteGenerator(url, drafter=drafter, target=model, draft=draft, ca_dtype="f16", **gen_kw)
-    g.trace = True
+    g = RemoteGenerator(url, drafter=drafter, target=model, draft=draft, ca_dtype="f16", trace=True, **gen_kw)
     out = []
     try:
         for p in prompts:

@@ -77,7 +77,7 @@ class RemoteStats:
     t_network: float = 0.0        # s: request wall time (server time included)
     t_drafter: float = 0.0
     n_generated: int = 0
-    # per server call when tracing (``RemoteGenerator.trace = True``; None otherwise): dicts with
+    # per server call when tracing (``RemoteGenerator(..., trace=True)``; None otherwise): dicts with
     # kind (open / verify / resync), k (proposal nodes), a (accepted), req_bytes, resp_bytes,
     # t_draft, t_wall (request wall s), t_append, t_cycle (s), server timing (decode_ms, lsa_ms,
     # prefill_ms), ca_n, ca_bytes, ca_zlib1 (zlib level-1 size of the CA k+v bytes), t (start)
@@ -208,7 +208,7 @@ class _Transport:
 class RemoteGenerator:
     """Generate with the drafter here and the target on a ``moa-cpp serve`` at ``url``.
 
-    ``gen.trace = True`` records one entry per server call in ``result.stats.trace`` (for
+    ``trace=True`` records one entry per server call in ``result.stats.trace`` (for
     ``bench/remote_sim.py``).
 
     What the client loads, in order:
@@ -230,7 +230,8 @@ class RemoteGenerator:
                  target: Union[str, Path, None] = None,
                  api_key: Optional[str] = None, draft: str = "chain:4", ca_dtype: str = "f16", timeout: float = 30.0,
                  n_ctx: int = 4096, n_threads: Optional[int] = None, use_msgpack: bool = True,
-                 max_unverified: int = 128, resync_wait: float = 30.0, probe_timeout: float = 1.0) -> None:
+                 max_unverified: int = 128, resync_wait: float = 30.0, probe_timeout: float = 1.0,
+                 trace: bool = False) -> None:
         import llama_cpp
 
         from .. import target as _target
@@ -254,6 +255,7 @@ class RemoteGenerator:
         ctype = P.MSGPACK if use_msgpack and P._has_msgpack() else P.JSON
         self.http = _Transport(url, key, timeout, ctype)
         self._last_run: Optional[_Run] = None
+        self.trace = bool(trace)
 
     @staticmethod
     def _resolve_files(url: str, key: Optional[str], timeout: float, bundle, drafter, target) -> tuple:
@@ -324,8 +326,6 @@ class RemoteGenerator:
         if result._run is None or result._run is not self._last_run:
             raise ValueError("only the latest generation of this RemoteGenerator can be resumed")
         return result._run.resume(wait)
-
-    trace = False
 
     def _append(self, r: dict) -> None:
         k, v, pos0 = P.decode_ca(r["ca"], self.model.ca_kv_heads, self.model.head_dim, 1 << 20)
