@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional, Sequence
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_ROOT = BENCH_DIR / "results"
+EVAL_DIR = BENCH_DIR.parent.parent / "shared" / "data" / "eval"    # the paper's six benchmark sets
 
 
 def git_commit() -> str:
@@ -254,6 +255,17 @@ def run_generation(loop, ids, max_tokens: int, sp, cfg=None):
         toks += ev.tokens
         st = ev.stats
     return toks, time.perf_counter() - t0, st
+
+
+def eval_prompts(data_dir: Path, sets: Optional[Sequence[str]], n: int) -> list:
+    """First turns of the first ``n`` rows of each eval set (``sets`` None: every ``*.jsonl``
+    in ``data_dir``, in name order)."""
+    files = sorted(data_dir.glob("*.jsonl")) if sets is None else [data_dir / f"{s}.jsonl" for s in sets]
+    out = []
+    for f in files:
+        rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+        out += [r["turns"][0] for r in rows[:n]]
+    return out
 
 
 def base_parser(doc: str) -> argparse.ArgumentParser:

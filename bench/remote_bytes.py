@@ -15,7 +15,6 @@ Writes bench/results/<machine-label>/remote_bytes.json/.md/.png (bench/_common.w
 """
 from __future__ import annotations
 
-import json
 import socket
 import statistics
 import subprocess
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import base_parser, md_table, run_info, write_results  # noqa: E402
+from _common import EVAL_DIR, base_parser, eval_prompts, md_table, run_info, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,21 +46,13 @@ def start_server(model: str, drafter: str) -> tuple:
     return proc, line.split("listening on ")[1].strip(), cmd
 
 
-def load_prompts(data: Path, n: int) -> list:
-    out = []
-    for f in sorted(data.glob("*.jsonl")):
-        rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
-        out += [r["turns"][0] for r in rows[:n]]
-    return out
-
-
 def main(argv=None) -> int:
     ap = base_parser(__doc__)
     ap.add_argument("--shapes", nargs="+", default=["chain:1", "chain:4", "tree:4,4,16"])
     ap.add_argument("--dtypes", nargs="+", default=["f16", "q8_0", "f32"])
     ap.add_argument("--prompts", type=int, default=2, help="prompts per eval set (default 2)")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "eval"))
+    ap.add_argument("--data", default=str(EVAL_DIR))
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
 
@@ -69,7 +60,7 @@ def main(argv=None) -> int:
     from moa_cpp.remote.client import RemoteGenerator
     model = args.model or defaults.default_target()
     drafter = args.drafter or defaults.default_drafter()
-    prompts = load_prompts(Path(args.data), args.prompts)
+    prompts = eval_prompts(Path(args.data), None, args.prompts)
     plain = SpeculativeGenerator.from_paths(model, None, draft="none")
     refs = [plain.generate(p, chat=True, max_tokens=args.max_tokens).tokens for p in prompts]
     plain.close()

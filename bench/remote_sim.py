@@ -35,10 +35,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import base_parser, md_table, run_info, write_results  # noqa: E402
-from remote_bytes import load_prompts, start_server  # noqa: E402
+from _common import EVAL_DIR, base_parser, eval_prompts, md_table, run_info, write_results  # noqa: E402
+from remote_bytes import start_server  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 RES = Path(__file__).resolve().parent / "results" / "amd-epyc-2c"
 RTTS = (5, 20, 50, 100)          # ms
 BWS = (10, 50)                   # Mbit/s
@@ -365,7 +364,7 @@ def main(argv=None) -> int:
     ap.add_argument("--outage-prompts", type=int, default=2)
     ap.add_argument("--outage-rtt", type=float, default=20)
     ap.add_argument("--max-unverified", type=int, default=128)
-    ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "eval"))
+    ap.add_argument("--data", default=str(EVAL_DIR))
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
 
@@ -373,12 +372,7 @@ def main(argv=None) -> int:
     from urllib.parse import urlparse
     model = args.model or defaults.default_target()
     drafter = args.drafter or defaults.default_drafter()
-    prompts = load_prompts(Path(args.data), args.prompts)
-    if args.sets:
-        prompts = []
-        for s in args.sets:
-            rows = [json.loads(x) for x in (Path(args.data) / f"{s}.jsonl").read_text().splitlines() if x.strip()]
-            prompts += [r["turns"][0] for r in rows[: args.prompts]]
+    prompts = eval_prompts(Path(args.data), args.sets or None, args.prompts)
     t_start = time.perf_counter()
     if args.outage:
         return main_outage(args, model, drafter)
@@ -500,7 +494,7 @@ def main_outage(args, model, drafter) -> int:
 
     from moa_cpp import SpeculativeGenerator
     t_start = time.perf_counter()
-    prompts = load_prompts(Path(args.data), 1)[: args.outage_prompts]
+    prompts = eval_prompts(Path(args.data), None, 1)[: args.outage_prompts]
     plain = SpeculativeGenerator.from_paths(model, None, draft="none")
     refs = [list(plain.generate(p, chat=True, max_tokens=args.max_tokens).tokens) for p in prompts]
     plain.close()

@@ -47,20 +47,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (CallCounter, base_parser, llama_greedy, md_table, open_llama, run_generation, run_info, spec_api,  # noqa: E402
-                     usable_cores, write_results)
+from _common import (EVAL_DIR, CallCounter, base_parser, eval_prompts, llama_greedy, md_table,  # noqa: E402
+                     open_llama, run_generation, run_info, spec_api, usable_cores, write_results)
 
-REPO = Path(__file__).resolve().parents[1]
 SETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"]
 PAPER_NAMES = {"mt_bench": "MT-bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "alpaca": "Alpaca",
                "sum": "CNN/DM", "qa": "Nat. Ques."}
 LLAMA, PLD, PLAIN, DEFAULT = "llama.cpp", "llama.cpp PLD", "plain", "default auto:8"
 SPLIT_KEYS = ("t_prefill", "t_target", "t_drafter", "t_capture", "t_overhead")
-
-
-def load_prompts(data_dir: Path, name: str, n: int) -> list[str]:
-    rows = [json.loads(line) for line in (data_dir / f"{name}.jsonl").read_text().splitlines() if line.strip()]
-    return [r["turns"][0] for r in rows[:n]]
 
 
 def first_diff(a: list, b: list) -> int:
@@ -100,7 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="threads for everything (default: all usable cores)")
     ap.add_argument("--fresh-cache", action="store_true",
                     help="point MOA_CPP_CACHE at an empty temp dir: the default row measures T(k) in its warm-up")
-    ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "eval"))
+    ap.add_argument("--data", default=str(EVAL_DIR))
     ap.add_argument("--name", default="eval", help="results file stem (default eval)")
     ap.add_argument("--results-dir", default=None, help="default bench/results/<machine-label>/")
     ap.add_argument("--out", default=None, help="also write the JSON here")
@@ -218,7 +212,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     gi = 0
     for set_name in args.sets:
-        for qi, prompt in enumerate(load_prompts(Path(args.data), set_name, args.prompts)):
+        for qi, prompt in enumerate(eval_prompts(Path(args.data), [set_name], args.prompts)):
             ids = chat_ids(prompt)
             rot = gi % len(ordered)
             order = ordered[rot:] + ordered[:rot]

@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import base_parser, md_table, run_info, usable_cores, write_results  # noqa: E402
+from _common import EVAL_DIR, base_parser, eval_prompts, md_table, run_info, usable_cores, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"]
@@ -191,14 +191,6 @@ def text_matches(blocks: dict, server: str, ref_server: str) -> tuple:
     return sum(r["text"] == ref[r["prompt"]] for r in cmp), len(cmp)
 
 
-def load_prompts(data_dir: Path, sets: list, n: int) -> list:
-    out = []
-    for s in sets:
-        rows = [json.loads(x) for x in (data_dir / f"{s}.jsonl").read_text().splitlines() if x.strip()]
-        out += [r["turns"][0] for r in rows[:n]]
-    return out
-
-
 def results_table(rows: list) -> str:
     return md_table(["server", "clients", "req/s", "tok/s", "tok/s per round", "latency median s", "p90 s",
                      "errors", "tau", "texts = moa --draft none", "texts = llama_cpp.server"],
@@ -238,7 +230,7 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-args", default="--flash_attn true", help="extra llama_cpp.server flags")
     ap.add_argument("--sets", nargs="+", default=SETS, choices=SETS)
     ap.add_argument("--prompts", type=int, default=4, help="prompts per set (default 4)")
-    ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "eval"))
+    ap.add_argument("--data", default=str(EVAL_DIR))
     ap.add_argument("--name", default="serve_load")
     ap.add_argument("--results-dir", default=None, help="default bench/results/<machine-label>/")
     args = ap.parse_args(argv)
@@ -246,7 +238,7 @@ def main(argv=None) -> int:
     from moa_cpp import defaults, models
     model = args.model or str(models.smollm2_path())
     drafter = args.drafter or (defaults.default_drafter() if args.model is None else None)
-    prompts = load_prompts(Path(args.data), args.sets, args.prompts)
+    prompts = eval_prompts(Path(args.data), args.sets, args.prompts)
     info = run_info(args.threads or usable_cores())
     if info["loadavg"] and info["loadavg"][0] > 0.5 * usable_cores():
         print(f"warning: load average {info['loadavg'][0]:.1f} on {usable_cores()} cores: llama.cpp slows down many "
