@@ -138,30 +138,32 @@ class _Transport:
         except (OSError, ValueError):
             return True
 
-    def _connect(self) -> http.client.HTTPConnection:
+    def _connect(self) -> tuple:
+        """(connection, reused): the kept-alive one if it is still good, else a fresh one."""
         if self.conn is not None and (time.monotonic() - self.last_used > self.REUSE_IDLE_S or self._dropped()):
             self.close()
-        if self.conn is None:
-            cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-            self.conn = cls(self.host, self.port, timeout=self.timeout)
-            # http.client writes the header block and the body in two send()s: with Nagle on,
-            # the body waits for the ACK of the headers (a delayed ACK: ~40 ms per request)
-            self.conn.connect()
-            self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return self.conn
+        if self.conn is not None:
+            return self.conn, True
+        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        self.conn = cls(self.host, self.port, timeout=self.timeout)
+        # http.client writes the header block and the body in two send()s: with Nagle on, the
+        # body waits for the ACK of the headers (a delayed ACK: ~40 ms per request)
+        self.conn.connect()
+        self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return self.conn, False
 
     def _exchange(self, method: str, path: str, body: Optional[bytes]) -> tuple:
         """(response, body bytes). A request that could not even be sent on a reused connection
         (the server had closed it) is sent once more on a fresh one: the server cannot have
         processed a request it did not receive. A failure after sending is the caller's."""
         for attempt in (0, 1):
-            fresh = self.conn is None or time.monotonic() - self.last_used > self.REUSE_IDLE_S
+            reused = False
             try:
-                c = self._connect()
+                c, reused = self._connect()
                 c.request(method, path, body=body, headers=self.headers)
             except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
                 self.close()
-                if attempt or fresh:
+                if attempt or not reused:
                     raise
                 continue
             except (OSError, http.client.HTTPException):
