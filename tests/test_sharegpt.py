@@ -336,3 +336,46 @@ def test_generate_dataset_from_sharegpt(tmp_path: Path, monkeypatch: pytest.Monk
         for i, m in enumerate(msgs):
             want = tg.tokenize(tg.apply_chat_template(m), add_bos=False, special=True)
             np.testing.assert_array_equal(ds.sample(i)[:int(ds.prompt_len[i])], want)
+
+
+@pytest.mark.model
+def test_fixed_answer_dataset(tmp_path: Path) -> None:
+    """Teacher-forced data (``--fixed-answers``): prompt = chat template of the context, response =
+    the dataset's own answer up to the end-of-turn token, cut at max_answer_tokens; eval repeats
+    dropped; a truncated file; reused when the settings match."""
+    from moa_cpp.models import smollm2_path
+    from moa_cpp.target import Target
+    from moa_cpp.train.fixed import FixedSettings, fixed_answer_dataset
+
+    d = _eval_dir()
+    recs = [{"id": f"r{i}", "conversations": [{"from": "human", "value": f"What is {i} plus {i}?"},
+                                              {"from": "gpt", "value": f"It is {2 * i}."}]} for i in range(5)]
+    recs[1]["conversations"][1]["value"] = "word " * 400                       # cut at max_answer_tokens
+    recs[3]["conversations"][0]["value"] = _eval_turn(d, "mt_bench.jsonl")   # an eval repeat: dropped
+    text, ends = _array_text(recs + [recs[0]])
+    f = tmp_path / "sharegpt.json"
+    f.write_text(text[:ends[-1] - 10])                                       # truncated: the last record lost
+    logs: list[str] = []
+    st = FixedSettings(n_samples=10, max_answer_tokens=32)
+    ds = fixed_answer_dataset(smollm2_path(), tmp_path / "fx", st, eval_dir=d, source=f, log=logs.append)
+    man = json.loads((tmp_path / "fx" / "manifest.json").read_text())
+    assert len(ds) == 4 and not ds.greedy.any()
+    assert man["source"] == "sharegpt-fixed" and man["sharegpt"]["eval_overlap"] == 1 and man["sharegpt"]["truncated"]
+    assert man["skipped"]["cut"] == 1
+    msgs = [json.loads(line)["messages"] for line in (tmp_path / "fx" / "prompts.jsonl").read_text().splitlines()]
+    with Target.from_path(smollm2_path(), n_ctx=256, n_threads=1, install_callback=False) as tg:
+        for i, m in enumerate(msgs):
+            s, pl = ds.sample(i), int(ds.prompt_len[i])
+            np.testing.assert_array_equal(s[:pl], tg.tokenize(tg.apply_chat_template(m[:-1]), add_bos=False,
+                                                              special=True))
+            resp = s[pl:].tolist()
+            if m[-1]["content"].startswith("word"):
+                assert len(resp) == 32 and not any(tg.is_eog(t) for t in resp)
+            else:
+                assert tg.is_eog(resp[-1]) and not any(tg.is_eog(t) for t in resp[:-1])
+                assert tg.detokenize(resp[:-1]).strip() == m[-1]["content"]
+    again = fixed_answer_dataset(smollm2_path(), tmp_path / "fx", st, eval_dir=d, source=f, log=logs.append)
+    assert "reusing" in logs[-1] and np.array_equal(again.tokens, ds.tokens)
+    two = fixed_answer_dataset(smollm2_path(), tmp_path / "fx2", FixedSettings(n_samples=2), eval_dir=d, source=f,
+                               log=logs.append)
+    assert len(two) == 2

@@ -20,7 +20,8 @@ from moa_cpp.train.data import DataSettings, generate_dataset, load_prompt_files
 from moa_cpp.train.masks import bounded_masks
 from moa_cpp.train.model import MoaDrafter
 from moa_cpp.train.target_torch import TorchTarget
-from moa_cpp.train.trainer import Trainer, TrainSettings, _batch, compute_features, loss_fn, lr_at
+from moa_cpp.train.trainer import (OnlineFeatures, Trainer, TrainSettings, _batch, compute_features, loss_fn,
+                                   lr_at)
 
 torch.set_num_threads(1)
 
@@ -99,6 +100,27 @@ def test_torch_drafter_reproduces_native_root_logits(fixture_dir: Path) -> None:
     ref = g["draft_logits_root"]
     assert np.abs(lg - ref).max() <= 1e-4 * np.abs(ref).max() + 1e-4
     assert int(lg.argmax()) == int(ref.argmax())
+
+
+def test_lsa_row_chunks_equal_one_call(fixture_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LSA runs in row chunks that keep SDPA's batch x heads under CUDA's 65,535 grid limit
+    (16k-token GPU batches); chunked and whole give the same CA keys/values."""
+    import moa_cpp.train.model as mm
+    from safetensors.numpy import load_file
+
+    spec = spec_from_target(fixture_dir / "target-f32.gguf", **FIXTURE_SIZES)
+    tt = TorchTarget.from_gguf(fixture_dir / "target-f32.gguf")
+    m = MoaDrafter(spec, tt.embed.data)
+    m.load_hf(load_file(str(fixture_dir / "drafter_hf" / "model.safetensors")))
+    g = torch.Generator().manual_seed(0)
+    lsa = torch.randn(3, 7, spec.target_layers, spec.lsa_width, generator=g)
+    pos = torch.arange(7).expand(3, 7)
+    with torch.no_grad():
+        whole = m.ca_kv(lsa, pos)
+        monkeypatch.setattr(mm, "_SDPA_MAX_BATCH", 5 * spec.lsa_heads)    # 21 rows -> chunks of 5
+        chunked = m.ca_kv(lsa, pos)
+    for a, b in zip(whole, chunked):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("n_tli", [1, 2])
@@ -413,6 +435,9 @@ def test_feature_cache_adds_residual_later(fixture_dir: Path, tmp_path: Path) ->
 @pytest.mark.parametrize("args,match", [(["--tli", "99"], "--tli 99: must be in 0.."),
                                         (["--tli", "-1"], "--tli -1"),
                                         (["--draft-vocab", "-3"], "--draft-vocab -3: must be >= 0"),
+                                        (["--n-samples", "0"], "no training data: --n-samples 0 needs"),
+                                        (["--fixed-answers", "-1"], "must be >= 0"),
+                                        (["--bf16", "maybe"], "invalid choice: 'maybe'"),
                                         (["--device", "tpu"], "--device: device 'tpu': use auto, cpu or cuda"),
                                         # no CUDA here: "sees no CUDA device"; with CUDA: "only N device(s)"
                                         (["--device", "cuda:99"], "--device: device 'cuda:99'")])
@@ -429,7 +454,7 @@ def test_train_cli_rejects_bad_arguments(fixture_dir: Path, tmp_path: Path, args
 
 
 def _synthetic_run(tt: TorchTarget, fixture_dir: Path, tmp_path: Path, device: str,
-                   tli: int) -> tuple[list, dict, dict]:
+                   tli: int, online: bool = False) -> tuple[list, dict, dict]:
     """12 F32 steps on random tokens; (held-out history, initial weights, final weights)."""
     from moa_cpp.train.data import Dataset
 
@@ -438,15 +463,47 @@ def _synthetic_run(tt: TorchTarget, fixture_dir: Path, tmp_path: Path, device: s
     ds = Dataset(tokens=rng.integers(0, 1000, sum(lens)).astype(np.int32),
                  offsets=np.r_[0, np.cumsum(lens)].astype(np.int64), prompt_len=np.full(len(lens), 5, np.int32),
                  greedy=np.ones(len(lens), bool))
-    fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False,
-                          resid_layer=tt.n_layer - tli if tli else None)
+    resid_layer = tt.n_layer - tli if tli else None
+    fs = (OnlineFeatures(tt, bf16=False, resid_layer=resid_layer) if online else
+          compute_features(tt, ds, None, log=lambda s: None, bf16=False, resid_layer=resid_layer))
     ts = TrainSettings(seed=0, steps=12, batch_tokens=128, lr=3e-3, holdout=1, eval_every=6, ckpt_every=1000,
                        threads=1, bf16=False, draft_vocab=64, tli=tli, device=device)
-    tr = Trainer(spec_from_target(fixture_dir / "target-f32.gguf", **FIXTURE_SIZES), tt, ds, fs, tmp_path / device,
+    tr = Trainer(spec_from_target(fixture_dir / "target-f32.gguf", **FIXTURE_SIZES), tt, ds, fs,
+                 tmp_path / f"{device}-{'online' if online else 'cached'}",
                  ts, log=lambda s: None)
     w0 = tr.model.hf_state_dict()
     summary = tr.run()
     return summary["history"], w0, tr.model.hf_state_dict()
+
+
+def _assert_same_run(a: tuple[list, dict, dict], b: tuple[list, dict, dict]) -> None:
+    """Two runs of :func:`_synthetic_run`: same held-out steps and initial weights, losses within
+    1 %, final weights within 5 % of how far training moved them (Adam turns rounding in near-zero
+    gradients into full-size steps, so an element-wise bound would be flaky)."""
+    (ha, wa0, wa), (hb, wb0, wb) = a, b
+    assert [h["step"] for h in hb] == [h["step"] for h in ha] == [0, 6, 12]
+    for x, y in zip(ha[1:], hb[1:]):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-2)
+    for k, v in wa.items():
+        assert wb[k].device.type == "cpu"
+        np.testing.assert_array_equal(wb0[k].numpy(), wa0[k].numpy(), err_msg=k)
+        if k == "d2t":
+            np.testing.assert_array_equal(wb[k].numpy(), v.numpy())
+            continue
+        moved = float(np.linalg.norm(v.numpy() - wa0[k].numpy()))
+        assert float(np.linalg.norm(wb[k].numpy() - v.numpy())) <= 0.05 * moved + 1e-6, k
+
+
+@pytest.mark.parametrize("tli", [0, 1])
+def test_online_features_train_as_cached(fixture_dir: Path, tmp_path: Path, tli: int) -> None:
+    """``--features online`` (the target run per batch, the GPU recipe's mode) trains as the F16
+    feature cache does: the same 12 F32 steps, differing only by the cache's F16 rounding."""
+    tt = TorchTarget.from_gguf(fixture_dir / "target-f32.gguf")
+    cached = _synthetic_run(tt, fixture_dir, tmp_path, "cpu", tli)
+    online = _synthetic_run(tt, fixture_dir, tmp_path, "cpu", tli, online=True)
+    _assert_same_run(cached, online)
+    # not vacuous: the 12 steps moved every weight
+    assert all(float((cached[2][k] - cached[1][k]).abs().max()) > 1e-4 for k in cached[2] if k != "d2t")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the same run on the CPU is "
@@ -454,22 +511,25 @@ def _synthetic_run(tt: TorchTarget, fixture_dir: Path, tmp_path: Path, device: s
 @pytest.mark.parametrize("tli", [0, 1])
 def test_cuda_training_matches_cpu(fixture_dir: Path, tmp_path: Path, tli: int) -> None:
     """The same 12 F32 steps on CUDA and on the CPU (features, masks, draws, reduced vocabulary,
-    TLI): same initial weights, same losses, and the two runs' weights differ by under 5 % of how
-    far training moved them (Adam turns rounding in near-zero gradients into full-size steps, so
-    an element-wise bound would be flaky). TF32 off."""
+    TLI), compared as :func:`_assert_same_run` does. TF32 off."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    cpu_hist, cpu_w0, cpu_w = _synthetic_run(TorchTarget.from_gguf(fixture_dir / "target-f32.gguf"), fixture_dir,
-                                     tmp_path, "cpu", tli)
-    gpu_hist, gpu_w0, gpu_w = _synthetic_run(TorchTarget.from_gguf(fixture_dir / "target-f32.gguf").to("cuda"),
-                                     fixture_dir, tmp_path, "cuda", tli)
-    assert [h["step"] for h in gpu_hist] == [h["step"] for h in cpu_hist] == [0, 6, 12]
-    for hc, hg in zip(cpu_hist[1:], gpu_hist[1:]):
-        assert hg["loss"] == pytest.approx(hc["loss"], rel=1e-2)
-    for k, v in cpu_w.items():
-        assert gpu_w[k].device.type == "cpu"
-        np.testing.assert_array_equal(gpu_w0[k].numpy(), cpu_w0[k].numpy(), err_msg=k)
-        if k == "d2t":
-            np.testing.assert_array_equal(gpu_w[k].numpy(), v.numpy())
-            continue
-        moved = float(np.linalg.norm(v.numpy() - cpu_w0[k].numpy()))
-        assert float(np.linalg.norm(gpu_w[k].numpy() - v.numpy())) <= 0.05 * moved + 1e-6, k
+    cpu = _synthetic_run(TorchTarget.from_gguf(fixture_dir / "target-f32.gguf"), fixture_dir, tmp_path, "cpu", tli)
+    gpu = _synthetic_run(TorchTarget.from_gguf(fixture_dir / "target-f32.gguf").to("cuda"), fixture_dir, tmp_path,
+                         "cuda", tli)
+    _assert_same_run(cpu, gpu)
+
+
+def test_bf16_auto_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--bf16 auto``: on only where bf16 is native (emulated bf16 autocast ran the target ~5x
+    slower than F32 on this project's AVX2-only CPUs); on/off are obeyed."""
+    import moa_cpp.train.trainer as tr
+
+    assert tr.resolve_bf16("on", "cpu") and not tr.resolve_bf16("off", "cpu")
+    for native in (True, False):
+        monkeypatch.setattr(tr, "cpu_has_native_bf16", lambda: native)
+        assert tr.resolve_bf16("auto", "cpu") is native
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    monkeypatch.undo()
+    assert tr.cpu_has_native_bf16() == ("avx512_bf16" in flags or "amx_bf16" in flags)
+    with pytest.raises(ValueError):
+        tr.resolve_bf16("maybe", "cpu")

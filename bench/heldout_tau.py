@@ -1,0 +1,95 @@
+"""Held-out chain-4 acceptance of trained drafters on ONE common held-out set (issue 12 A/Bs).
+
+Each training run estimates tau on its own held-out split, so runs on different data do not
+compare. This script scores several runs' snapshots on the same held-out conversations: a data
+directory written by ``moa-cpp train --data-only`` (greedy self-distilled answers of prompts no
+compared run trained on; a sample whose prompt occurs in a run's ``prompts.jsonl`` is dropped and
+counted). The estimate is the trainer's (``eval_acceptance``: CA bounded every 5th position, the
+drafter's argmax vs the torch target's).
+
+    python bench/heldout_tau.py --heldout out/heldout --target smollm2 out/ab-self out/ab-fixed \
+        --out bench/results/issue12-ab.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from moa_cpp.train.cli import _target_path  # noqa: E402
+from moa_cpp.train.data import load_dataset  # noqa: E402
+from moa_cpp.train.model import MoaDrafter, spec_from_config  # noqa: E402
+from moa_cpp.train.target_torch import TorchTarget  # noqa: E402
+from moa_cpp.train.trainer import compute_features, eval_acceptance  # noqa: E402
+
+
+def _prompt_key(obj: dict) -> str:
+    msgs = obj.get("messages")
+    text = obj["prompt"] if "prompt" in obj else next(m["content"] for m in msgs if m["role"] == "user")
+    return " ".join(str(text).lower().split())
+
+
+def _run_prompts(run: Path) -> set[str]:
+    keys: set[str] = set()
+    for sub in ("data", "data-fixed"):
+        f = run / sub / "prompts.jsonl"
+        if f.is_file():
+            keys |= {_prompt_key(json.loads(line)) for line in f.read_text().splitlines() if line.strip()}
+    return keys
+
+
+def load_snapshot(snap: Path, tt: TorchTarget) -> MoaDrafter:
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((snap / "config.json").read_text())
+    tensors = load_file(str(snap / "model.safetensors"))
+    model = MoaDrafter(spec_from_config(cfg), tt.embed.data, None if tt.lm_head is tt.embed else tt.lm_head.data,
+                       d2t=tensors.get("d2t"))
+    model.load_hf(tensors)
+    tli = cfg.get("moa_cpp_train", {}).get("settings", {}).get("tli", 0)
+    if tli:
+        model.attach_tli(tt, tli)
+    return model.eval()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="run directories (with snapshot/ and their data dirs)")
+    ap.add_argument("--heldout", required=True, help="data directory of the held-out conversations")
+    ap.add_argument("--target", default="smollm2")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    held = Path(a.heldout)
+    ds = load_dataset(held)
+    tt = TorchTarget.from_gguf(_target_path(a.target))
+    fs = compute_features(tt, ds, held / "features")
+    keys = [_prompt_key(json.loads(line)) for line in (held / "prompts.jsonl").read_text().splitlines()]
+    seen = set().union(*(_run_prompts(Path(r)) for r in a.runs))
+    idx = [i for i in range(len(ds)) if ds.greedy[i] and keys[i] not in seen]
+    print(f"held-out: {len(idx)} of {len(ds)} conversations ({len(ds) - len(idx)} dropped: trained on or sampled)")
+    rows = []
+    for r in a.runs:
+        run = Path(r)
+        model = load_snapshot(run / "snapshot", tt)
+        ev = eval_acceptance(model, ds, fs, idx)
+        rep = json.loads((run / "report.json").read_text()) if (run / "report.json").is_file() else {}
+        rows.append({"run": str(run), **ev, "seconds": rep.get("seconds"), "steps": rep.get("steps"),
+                     "samples": rep.get("samples"), "response_tokens": rep.get("response_tokens")})
+        print(f"{run}: tau {ev['tau']:.3f}  acc@1 {ev['acc@1']:.3f}  acc@4 {ev['acc@4']:.3f}  "
+              f"({ev['cycles']:.0f} cycles)")
+    res = {"heldout": str(held), "n_heldout": len(idx), "rows": rows}
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

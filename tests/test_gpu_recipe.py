@@ -1,0 +1,46 @@
+"""The GPU training recipe (``bench/gpu_train.sh``, issue 12) in its tiny CPU dry-run mode, so the
+script cannot rot between the sessions that have a GPU: the CUDA-vs-CPU check step, teacher-forced
+ShareGPT data, online features, a few steps, a Q8_0 GGUF the native engine loads, the JSON report."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_gpu_recipe_dry_run(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from moa_cpp.train import sharegpt as sg
+
+    try:
+        sg.sharegpt_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    env = dict(os.environ, MOA_GPU_DRY_RUN="1", PYTHON=sys.executable)
+    p = subprocess.run(["bash", str(ROOT / "bench" / "gpu_train.sh"), str(tmp_path / "gpu")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rep = json.loads((tmp_path / "gpu" / "gpu_report.json").read_text())
+    assert rep["dry_run"] and rep["device"] == "cpu"
+    sm = rep["smollm2"]
+    assert sm["steps"] == 3 and sm["samples"] == 24 and sm["response_tokens"] > 0
+    assert rep["qwen2.5-coder-1.5b"]["made"] is False and "llama-architecture" in rep["qwen2.5-coder-1.5b"]["why"]
+    # the check step really ran the training comparison (the CUDA half is skipped on a CPU machine)
+    assert "passed" in (tmp_path / "gpu" / "check.log").read_text()
+    run = tmp_path / "gpu" / "smollm2"
+    assert not (run / "features").exists()                  # online features: no host cache
+    man = json.loads((run / "data-fixed" / "manifest.json").read_text())
+    assert man["source"] == "sharegpt-fixed" and man["settings"]["turns"] == "all"
+    from moa_cpp.drafter import DrafterModel
+    from moa_cpp.models import smollm2_path
+
+    m = DrafterModel(sm["gguf"], smollm2_path(), device="cpu", n_threads=1)   # the native engine loads it
+    assert m.n_vocab == 512 and len(m.d2t) == 512 and m.n_target_vocab == 49152
