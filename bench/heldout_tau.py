@@ -26,7 +26,7 @@ from moa_cpp.train.cli import _target_path  # noqa: E402
 from moa_cpp.train.data import load_dataset  # noqa: E402
 from moa_cpp.train.model import MoaDrafter, spec_from_config  # noqa: E402
 from moa_cpp.train.target_torch import TorchTarget  # noqa: E402
-from moa_cpp.train.trainer import compute_features, eval_acceptance  # noqa: E402
+from moa_cpp.train.trainer import compute_features, eval_acceptance, resolve_bf16  # noqa: E402
 
 
 def _prompt_key(obj: dict) -> str:
@@ -70,7 +70,7 @@ def main() -> int:
     held = Path(a.heldout)
     ds = load_dataset(held)
     tt = TorchTarget.from_gguf(_target_path(a.target))
-    fs = compute_features(tt, ds, held / "features")
+    fs = compute_features(tt, ds, held / "features", bf16=resolve_bf16("auto", "cpu"))
     keys = [_prompt_key(json.loads(line)) for line in (held / "prompts.jsonl").read_text().splitlines()]
     seen = set().union(*(_run_prompts(Path(r)) for r in a.runs))
     idx = [i for i in range(len(ds)) if ds.greedy[i] and keys[i] not in seen]

@@ -6,8 +6,25 @@
 #   then the native evaluation: PROMPTS per set, default 10; EVAL variants, default
 #   "chain:4 tree:4,4,16"; ~5 min per drafter). A variant whose drafter.gguf exists is not
 #   retrained (delete it to retrain).
+#
+# Issue 12 data-source A/B at equal wall-clock (~14 min each on 2 cores), scored on one common
+# held-out set (bench/heldout_tau.py):
+#   bash bench/train_variants.sh datasource
+#     A out/ab-self:  self-distilled answers to ShareGPT prompts, 6 min of generation, 6 min training
+#     B out/ab-fixed: ShareGPT's own answers (teacher forcing), as many as the feature pass reads in
+#                     A's generation + feature time (660), 6 min training
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = datasource ]; then
+    M=".venv/bin/moa-cpp train --target smollm2 --minutes 6 --epochs 10 --draft-vocab 8192 --eval-every 50 --outtype q8_0"
+    $M --out out/ab-self --prompts sharegpt --n-samples 3000 --data-minutes 6 > out/ab-self.log 2>&1
+    $M --out out/ab-fixed --n-samples 0 --fixed-answers 660 > out/ab-fixed.log 2>&1
+    .venv/bin/moa-cpp train --target smollm2 --out out/heldout --prompts sharegpt --seed 7 --n-samples 64 \
+        --greedy-fraction 1 --data-only --data-minutes 4
+    .venv/bin/python bench/heldout_tau.py --heldout out/heldout out/ab-self out/ab-fixed \
+        --out bench/results/issue12-datasource.json
+    exit 0
+fi
 STEPS=${1:-300}
 SRC=out/default
 test -f $SRC/data/manifest.json && test -f $SRC/features/done.json || { echo "run the default training first" >&2; exit 1; }
