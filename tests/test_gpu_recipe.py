@@ -32,6 +32,8 @@ def test_gpu_recipe_dry_run(tmp_path: Path) -> None:
     assert rep["dry_run"] and rep["device"] == "cpu"
     sm = rep["smollm2"]
     assert sm["steps"] == 3 and sm["samples"] == 24 and sm["response_tokens"] > 0
+    rep_run = json.loads((tmp_path / "gpu" / "smollm2" / "report.json").read_text())
+    assert [p["source"] for p in rep_run["parts"]] == ["sharegpt-fixed"] and rep_run["parts"][0]["samples"] == 24
     assert rep["qwen2.5-coder-1.5b"]["made"] is False and "llama-architecture" in rep["qwen2.5-coder-1.5b"]["why"]
     # the check step really ran the training comparison (the CUDA half is skipped on a CPU machine)
     assert "passed" in (tmp_path / "gpu" / "check.log").read_text()
@@ -43,4 +45,4 @@ def test_gpu_recipe_dry_run(tmp_path: Path) -> None:
     from moa_cpp.models import smollm2_path
 
     m = DrafterModel(sm["gguf"], smollm2_path(), device="cpu", n_threads=1)   # the native engine loads it
-    assert m.n_vocab == 512 and len(m.d2t) == 512 and m.n_target_vocab == 49152
+    assert m.n_vocab == 512 and len(m.d2t()) == 512 and m.n_target_vocab == 49152

