@@ -1,8 +1,9 @@
 """Teacher-forced training data: ShareGPT's own answers, labelled by the target (issue 12).
 
-Self-distillation (:mod:`moa_cpp.train.data`) needs the target to *write* every response: ~150
-tok/s for SmolLM2 on two cores. Here the responses are the dataset's own (ChatGPT's) answers and
-the target only *reads* them in the feature pass (~880 tok/s), where it supplies what the loss
+Self-distillation (:mod:`moa_cpp.train.data`) needs the target to *write* every response: ~91
+tok/s for SmolLM2 answering ShareGPT prompts on two cores (llama.cpp, 16 sequences). Here the
+responses are the dataset's own (ChatGPT's) answers and the target only *reads* them in the
+feature pass (~350 tok/s, torch F32 on the same cores), where it supplies what the loss
 needs anyway: its K/V rows, its hidden state and so its soft labels at every position. The drafter
 thus learns the target's next-token distribution on text the target did not write (EAGLE-1
 measured ~3.5 % lower acceptance than self-distilled data at equal size; here the size is what
