@@ -46,8 +46,8 @@ class FixedSettings:
     max_answer_tokens: int = 256        # answers are cut here (as max_new_tokens)
 
 
-def _split(tg, ctx: list, answer: str) -> Optional[tuple[np.ndarray, np.ndarray, bool]]:
-    """(prompt ids, answer ids, answer finished) of one pair; None if the template does not render
+def _split(tg, ctx: list, answer: str) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """(prompt ids, answer ids up to its first end-of-generation token) of one pair; None if the template does not render
     the prompt as a prefix of the whole conversation."""
     prompt = tg.apply_chat_template(ctx, add_generation_prompt=True)
     full = tg.apply_chat_template(list(ctx) + [{"role": "assistant", "content": answer}],
@@ -57,9 +57,7 @@ def _split(tg, ctx: list, answer: str) -> Optional[tuple[np.ndarray, np.ndarray,
     p_ids = tg.tokenize(prompt, add_bos=False, special=True)
     a_ids = tg.tokenize(full[len(prompt):], add_bos=False, special=True)
     eog = [k for k, t in enumerate(a_ids.tolist()) if tg.is_eog(int(t))]
-    if eog:
-        a_ids = a_ids[: eog[0] + 1]
-    return p_ids, a_ids, bool(eog)
+    return p_ids, (a_ids[: eog[0] + 1] if eog else a_ids)
 
 
 def fixed_answer_dataset(target_path: Union[str, os.PathLike], out_dir: Union[str, os.PathLike],
@@ -99,7 +97,7 @@ def fixed_answer_dataset(target_path: Union[str, os.PathLike], out_dir: Union[st
                 if got is None:
                     counts["template_mismatch"] += 1
                     continue
-                p_ids, a_ids, finished = got
+                p_ids, a_ids = got
                 if len(p_ids) > st.max_prompt_tokens:
                     counts["long_prompt"] += 1
                     continue
@@ -107,7 +105,7 @@ def fixed_answer_dataset(target_path: Union[str, os.PathLike], out_dir: Union[st
                     counts["empty"] += 1
                     continue
                 if len(a_ids) > st.max_answer_tokens:
-                    a_ids, finished = a_ids[: st.max_answer_tokens], False
+                    a_ids = a_ids[: st.max_answer_tokens]
                     counts["cut"] += 1
                 seqs.append(np.concatenate([p_ids, a_ids]).astype(np.int32))
                 plens.append(len(p_ids))

@@ -133,11 +133,9 @@ class TorchTarget(torch.nn.Module):
             w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
             shape = tuple(int(x) for x in reversed(list(t.shape)))
             w = np.ascontiguousarray(w.reshape(shape))
-            if not permuted:
-                pass
-            elif t.name.endswith("attn_q.weight"):
+            if permuted and t.name.endswith("attn_q.weight"):
                 w = np.ascontiguousarray(unpermute_rows(w, n_head))
-            elif t.name.endswith("attn_k.weight"):
+            elif permuted and t.name.endswith("attn_k.weight"):
                 w = np.ascontiguousarray(unpermute_rows(w, n_kv))
             weights[t.name] = w
         return cls(weights, n_layer=n_layer, n_head=n_head, n_head_kv=n_kv, head_dim=head_dim,
