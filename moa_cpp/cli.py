@@ -50,6 +50,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.captureWarnings(True)   # e.g. "-ngl on a CPU-only build" as one log line, not a source excerpt
     try:
         return int(args.func(args) or 0)
     except MoaError as e:

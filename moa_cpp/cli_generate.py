@@ -24,7 +24,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                         "here drafts as a draft model (same as --draft-model)")
     p.add_argument("--draft-model", metavar="GGUF",
                    help="classic draft-model speculation: a small LLM with the target's tokenizer drafts")
-    p.add_argument("-p", "--prompt", required=True, help="prompt text")
+    p.add_argument("-p", "--prompt", help="prompt text (required)")
     p.add_argument("--chat", action="store_true", help="apply the target GGUF's chat template")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--chain", "--draft-max", dest="chain", type=_positive, metavar="N",
@@ -46,7 +46,11 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rpc", metavar="HOST:PORT,...",
                    help="llama.cpp rpc-servers holding the offloaded target layers (`moa-cpp rpc-server`; "
                         "no authentication: private networks only)")
-    p.add_argument("--device", default="auto", help="drafter device: auto, cpu or a ggml device name")
+    p.add_argument("--device", default="auto",
+                   help="drafter device: auto (first local GPU, else CPU), cpu, gpu, cuda, or a ggml device name "
+                        "such as CUDA0 (see --list-devices)")
+    p.add_argument("--list-devices", action="store_true",
+                   help="print the devices this build can use (and whether -ngl can offload) and exit")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--verbose", dest="llama_verbose", action="store_true", help="show llama.cpp's own log lines")
 
@@ -69,6 +73,12 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.temp < 0 or not (0 < args.top_p <= 1) or args.top_k < 0:
         raise InvalidArgumentError("--temp must be >= 0, --top-p in (0, 1], --top-k >= 0")
     set_llama_log(bool(args.llama_verbose or getattr(args, "verbose", False)))
+    if args.list_devices:
+        from .devices import describe
+        print(describe())
+        return 0
+    if args.prompt is None:
+        raise InvalidArgumentError("-p/--prompt is required")
     target, drafter, draft_model, draft = _resolve_models(args)
     rpc = parse_endpoints(args.rpc) if args.rpc else None
     ngl = args.n_gpu_layers if args.n_gpu_layers is not None else (-1 if rpc else 0)

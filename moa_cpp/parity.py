@@ -44,6 +44,7 @@ class Row:
 @dataclass
 class Report:
     rows: list[Row] = field(default_factory=list)
+    devices: set = field(default_factory=set)    # ggml devices the drafter ran on
 
     def add(self, variant: str, name: str, got: np.ndarray, want: np.ndarray, *, argmax: bool = False,
             gated: bool = True) -> None:
@@ -95,14 +96,16 @@ def _kv_from_lsa_in(lsa_in: np.ndarray, n_kv: int, head_dim: int) -> tuple[np.nd
 
 
 def _run_drafter(report: Report, variant: str, drafter_path: Path, target_path: Path, g: dict,
-                 lsa_prompt: np.ndarray, lsa_cycle2: np.ndarray, gated: bool, n_threads: Optional[int]) -> None:
+                 lsa_prompt: np.ndarray, lsa_cycle2: np.ndarray, gated: bool, n_threads: Optional[int],
+                 device: str = "auto") -> None:
     from .drafter import Drafter
 
     S = int(g["prompt_ids"].size)
     n_chain = int(g["chain_tokens"].size)
     n_acc = int(g["cycle2_ca_k"].shape[1]) - S          # root + accepted drafts of cycle 1
     n_ctx = S + max(n_chain, n_acc + 1) + 8
-    d = Drafter(drafter_path, target_path, n_ctx=n_ctx, n_threads=n_threads)
+    d = Drafter(drafter_path, target_path, n_ctx=n_ctx, n_threads=n_threads, device=device)
+    report.devices.add(d.model.device)
     dbg = d.commit(lsa_prompt, 0, debug=True)
     report.add(variant, "lsa_out", dbg.lsa_out, g["lsa_out"], gated=gated)
     report.add(variant, "lsa_mean", dbg.lsa_mean, g["lsa_mean"], gated=gated)
@@ -138,8 +141,13 @@ def _run_drafter(report: Report, variant: str, drafter_path: Path, target_path: 
 
 
 def check_parity(fixture_dir: str | Path, *, rtol: float = 1e-4, report_quantized: bool = True,
-                 work_dir: Optional[Path] = None, n_threads: Optional[int] = None) -> Report:
-    """Run every comparison for one fixture folder; returns the report (see :func:`main`)."""
+                 work_dir: Optional[Path] = None, n_threads: Optional[int] = None, device: str = "auto",
+                 n_gpu_layers: int = 0) -> Report:
+    """Run every comparison for one fixture folder; returns the report (see :func:`main`).
+
+    ``device`` places the drafter (as ``moa-cpp generate --device``), ``n_gpu_layers`` the target's
+    layers (``-ngl``): the golden values are the reference's F32 CPU outputs, so a GPU run measures
+    the backend's error against them with the same tolerance."""
     from .convert import convert
     from .target import Target
 
@@ -155,7 +163,8 @@ def check_parity(fixture_dir: str | Path, *, rtol: float = 1e-4, report_quantize
 
     # Target side: K/V capture and logits of the prompt, then of the cycle-1 verified tokens.
     n_greedy = int(g["target_greedy"].size)
-    with Target.from_path(target_path, n_ctx=max(512, S + n_greedy + 16), n_threads=n_threads, cache_type="f32", flash_attn=False) as tgt:
+    with Target.from_path(target_path, n_ctx=max(512, S + n_greedy + 16), n_threads=n_threads, cache_type="f32", flash_attn=False,
+                          n_gpu_layers=n_gpu_layers) as tgt:
         logits = tgt.decode(g["prompt_ids"])
         lsa_prompt = tgt.captured_lsa_in()
         k, v = _kv_from_lsa_in(lsa_prompt, tgt.n_head_kv, tgt.head_dim)
@@ -182,7 +191,7 @@ def check_parity(fixture_dir: str | Path, *, rtol: float = 1e-4, report_quantize
                 convert(fx / layout, path, outtype=ot, target_gguf=target_path, progress=False)
                 name = f"{'moa_spec' if layout == 'drafter_hf' else 'snapshot'}/{ot}"
                 _run_drafter(report, name, path, target_path, g, lsa_prompt, lsa_cycle2,
-                             gated=(ot == GATED_OUTTYPE), n_threads=n_threads)
+                             gated=(ot == GATED_OUTTYPE), n_threads=n_threads, device=device)
     finally:
         if tmp_ctx:
             tmp_ctx.cleanup()
@@ -194,12 +203,17 @@ def add_parity_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rtol", type=float, default=1e-4, help="max relative error for F32 (default 1e-4)")
     p.add_argument("--no-quantized", action="store_true", help="skip the reported (ungated) f16 / q8_0 runs")
     p.add_argument("--threads", type=int, default=None, help="CPU threads")
+    p.add_argument("--device", default="auto", help="drafter device: auto (first GPU, else CPU), cpu or a ggml "
+                   "device name such as CUDA0 (`moa-cpp generate --list-devices`)")
+    p.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=0,
+                   help="target layers to offload to the GPU (-1: all; default 0)")
 
 
 def run_parity(args: argparse.Namespace) -> int:
     report = check_parity(args.fixture_dir, rtol=args.rtol, report_quantized=not args.no_quantized,
-                          n_threads=args.threads)
+                          n_threads=args.threads, device=args.device, n_gpu_layers=args.n_gpu_layers)
     print(report.table(args.rtol))
+    print(f"drafter device: {', '.join(sorted(report.devices))}; target layers offloaded: {args.n_gpu_layers}")
     max_rel, ok, n = report.gated_summary()
     print(f"max_rel_err={max_rel:.3e} argmax_match={ok}/{n}")
     return 0 if (max_rel <= args.rtol and ok == n) else 1

@@ -217,6 +217,8 @@ class Target:
         _ensure_backend()
         if verbose is not None or not _log_chosen:
             set_llama_log(bool(verbose))
+        from .devices import check_offload
+        check_offload(n_gpu_layers, rpc)
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
         mparams.use_mmap = use_mmap

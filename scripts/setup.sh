@@ -2,6 +2,11 @@
 # Set up ./.venv with everything moa_cpp needs, from the project's own files.
 # llama-cpp-python==0.3.36 is built from source the first time (~5-8 min on 2 cores);
 # pip caches the built wheel, so later runs take seconds.
+#
+#   bash scripts/setup.sh                  CPU (+ llama.cpp's RPC backend)
+#   MOA_CUDA=1 bash scripts/setup.sh       CUDA too (needs nvcc); built for the GPUs present
+#                                          (nvidia-smi's compute capability) unless
+#                                          MOA_CUDA_ARCH (e.g. "90" or "80;86") says otherwise
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -17,12 +22,22 @@ python -m pip install -q "scikit-build-core>=0.10" cmake ninja
 # pip's wheel cache keys a source build on the sdist alone, not on CMAKE_ARGS (it would hand back
 # a plain build), so this build is kept in a wheel cache of its own, keyed by its flags.
 LLAMA_FLAGS="-DGGML_RPC=ON"
-WHEELS="${MOA_WHEEL_CACHE:-$HOME/.cache/moa_cpp/wheels}/cpu-rpc"
-has_rpc() { python -c "import llama_cpp,sys; sys.exit(0 if llama_cpp.__version__=='0.3.36' and llama_cpp.llama_supports_rpc() else 1)" 2>/dev/null; }
-if ! has_rpc; then
+FLAVOUR=cpu-rpc
+if [ "${MOA_CUDA:-0}" = 1 ]; then
+  command -v nvcc >/dev/null || { echo "MOA_CUDA=1: nvcc not found (install the CUDA toolkit or put it on PATH)" >&2; exit 1; }
+  ARCH="${MOA_CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d . | sort -u | paste -sd';' -)}"
+  [ -n "$ARCH" ] || { echo "MOA_CUDA=1: no GPU seen by nvidia-smi; set MOA_CUDA_ARCH (e.g. 90)" >&2; exit 1; }
+  LLAMA_FLAGS="-DGGML_RPC=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH"
+  FLAVOUR="cuda${ARCH//;/-}-rpc"
+fi
+WHEELS="${MOA_WHEEL_CACHE:-$HOME/.cache/moa_cpp/wheels}/$FLAVOUR"
+# The installed build is kept if it has the wanted backends: RPC always, CUDA with MOA_CUDA=1
+# (a CPU build is then replaced; a plain run keeps a CUDA build that is already there).
+has_build() { python -c "import sys, llama_cpp as l; sys.exit(0 if l.__version__ == '0.3.36' and l.llama_supports_rpc() and ('${MOA_CUDA:-0}' != '1' or b'CUDA' in l.llama_print_system_info()) else 1)" 2>/dev/null; }
+if ! has_build; then
   whl=$(ls "$WHEELS"/llama_cpp_python-0.3.36-*.whl 2>/dev/null | head -n 1 || true)
   if [ -z "$whl" ]; then
-    echo "building llama-cpp-python==0.3.36 with $LLAMA_FLAGS (once: ~7 min on 2 cores; kept in $WHEELS)"
+    echo "building llama-cpp-python==0.3.36 with $LLAMA_FLAGS (once: ~7 min on 2 cores, CUDA longer; kept in $WHEELS)"
     mkdir -p "$WHEELS"
     CMAKE_ARGS="$LLAMA_FLAGS ${CMAKE_ARGS:-}" python -m pip wheel -q --no-deps --no-cache-dir -w "$WHEELS" \
       "llama-cpp-python==0.3.36"
@@ -35,4 +50,4 @@ fi
 # multi-GB CUDA build); everything else installs from pyproject's extras.
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q --no-build-isolation -e ".[test,models,train,bench,server]"
-python -c "import moa_cpp.drafter as d, moa_cpp._native as n; print('moa_cpp ready:', n.LIBRARY_PATH)"
+python -c "import moa_cpp.drafter as d, moa_cpp._native as n, moa_cpp.devices as v; print('moa_cpp ready:', n.LIBRARY_PATH, '| devices:', ', '.join(v.list_devices()))"

@@ -34,7 +34,19 @@ def test_gpu_recipe_dry_run(tmp_path: Path) -> None:
     assert sm["steps"] == 3 and sm["samples"] == 24 and sm["response_tokens"] > 0
     rep_run = json.loads((tmp_path / "gpu" / "smollm2" / "report.json").read_text())
     assert [p["source"] for p in rep_run["parts"]] == ["sharegpt-fixed"] and rep_run["parts"][0]["samples"] == 24
-    assert rep["qwen2.5-coder-1.5b"]["made"] is False and "llama-architecture" in rep["qwen2.5-coder-1.5b"]["why"]
+    qw = rep["qwen"]
+    assert qw["target"] == "qwen2.5-coder-0.5b"            # the dry run's stand-in for the 1.5B
+    from moa_cpp import models
+    try:
+        qpath = models.qwen25_coder_05b_path()
+    except models.ModelNotInstalledError:
+        qpath = None
+    if qpath is None:
+        assert qw["made"] is False and "skipped" in qw["why"]
+    else:
+        assert qw["made"] and qw["steps"] == 3 and qw["samples"] == 8, qw
+        qrun = json.loads((tmp_path / "gpu" / "qwen" / "data-fixed" / "manifest.json").read_text())
+        assert qrun["settings"]["code_share"] == 0.5
     # the check step really ran the training comparison (the CUDA half is skipped on a CPU machine)
     assert "passed" in (tmp_path / "gpu" / "check.log").read_text()
     run = tmp_path / "gpu" / "smollm2"
@@ -46,3 +58,8 @@ def test_gpu_recipe_dry_run(tmp_path: Path) -> None:
 
     m = DrafterModel(sm["gguf"], smollm2_path(), device="cpu", n_threads=1)   # the native engine loads it
     assert m.n_vocab == 512 and len(m.d2t()) == 512 and m.n_target_vocab == 49152
+    m.close()
+    if qpath is not None:
+        q = DrafterModel(qw["gguf"], qpath, device="cpu", n_threads=1)
+        assert q.n_vocab == 512 and q.n_target_vocab == 151936
+        q.close()

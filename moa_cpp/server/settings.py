@@ -68,7 +68,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="CPU threads per session (default: cores / --parallel)")
     p.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=None,
                    help="target layers to offload to a GPU or rpc-servers (-1: all; default 0, all with --rpc)")
-    p.add_argument("--device", default="auto", help="drafter device: auto, cpu or a ggml device name")
+    p.add_argument("--device", default="auto",
+                   help="drafter device: auto (first local GPU, else CPU), cpu, gpu, cuda, or a ggml device name "
+                        "such as CUDA0 (moa-cpp generate --list-devices)")
     p.add_argument("--draft", default="auto:8",
                    help="auto[:KMAX] (cost-aware, default auto:8), chain:N, tree:DEPTH,TOPK,TOTAL or none")
     p.add_argument("--rpc", metavar="HOST:PORT,...",

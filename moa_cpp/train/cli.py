@@ -46,6 +46,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="also train on N ShareGPT answers as written (teacher forcing: the target reads them in the "
                         "feature pass and gives its soft labels; ~4x more tokens per second than generating on a "
                         "2-core CPU); stored in OUT/data-fixed; --sharegpt-turns picks first answers or all")
+    p.add_argument("--code-share", type=float, default=None, metavar="F",
+                   help="fixed answers: make this fraction of them answers with a fenced code block (ShareGPT has "
+                        "~1/5; e.g. 0.5 for a code target such as Qwen2.5-Coder); default: as drawn")
     p.add_argument("--data-minutes", type=float, default=12.0, help="time budget of data generation")
     p.add_argument("--max-new-tokens", type=int, default=256, help="response length cap")
     p.add_argument("--greedy-fraction", type=float, default=0.7, help="share of greedy responses")
@@ -155,6 +158,8 @@ def run_train(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--n-samples / --fixed-answers: must be >= 0")
     if args.n_samples == 0 and args.fixed_answers == 0 and not args.extra_data:
         raise InvalidArgumentError("no training data: --n-samples 0 needs --fixed-answers N or --extra-data")
+    if args.code_share is not None and not (0.0 <= args.code_share <= 1.0 and args.fixed_answers):
+        raise InvalidArgumentError(f"--code-share {args.code_share}: a fraction in [0, 1], with --fixed-answers N")
     if args.draft_vocab < 0:
         raise InvalidArgumentError(f"--draft-vocab {args.draft_vocab}: must be >= 0 (0: whole vocabulary)")
     _check_prompt_specs(args)
@@ -182,8 +187,8 @@ def run_train(args: argparse.Namespace) -> int:
         parts.append(fixed_answer_dataset(
             target, out / "data-fixed",
             FixedSettings(n_samples=args.fixed_answers, seed=args.seed, turns=args.sharegpt_turns,
-                          max_prompt_tokens=dset.n_ctx // max(args.n_parallel, 1) - args.max_new_tokens,
-                          max_answer_tokens=args.max_new_tokens),
+                          max_prompt_tokens=dset.prompt_room(), max_answer_tokens=args.max_new_tokens,
+                          code_share=args.code_share),
             eval_dir=None if no_filter else args.eval_dir, filter_eval=not no_filter))
     if args.data_only:
         return 0

@@ -57,6 +57,11 @@ class DataSettings:
     chat: bool = True                   # wrap prompts in the chat template (False: raw text, e.g. base models)
     sharegpt_turns: str = "first"       # ShareGPT prompts: first human turn, or "all" (each with its context)
 
+    def prompt_room(self, n_ctx: Optional[int] = None) -> int:
+        """Longest prompt (chat template included) that leaves a full response room in one sequence's
+        share of ``n_ctx`` (default: the settings'; the data pass passes the context's own)."""
+        return (n_ctx or self.n_ctx) // max(self.n_parallel, 1) - self.max_new_tokens
+
 
 @dataclass
 class Dataset:
@@ -284,7 +289,7 @@ def generate_dataset(target_path: str | os.PathLike[str], out_dir: str | os.Path
     # Split KV cache: every sequence is independent, so each row attends only its own cells.
     tg = Target.from_path(target_path, n_ctx=st.n_ctx, n_threads=st.n_threads, n_batch=512,
                           n_seq_max=max(st.n_parallel, 1), install_callback=False, kv_unified=False)
-    per_seq = tg.n_ctx // max(st.n_parallel, 1)
+    room = st.prompt_room(tg.n_ctx)                       # same rule as the fixed answers' prompt cap
     stats: dict[str, float] = {}
     try:
         tokenize = lambda text: tg.tokenize(text, add_bos=False, special=True)  # noqa: E731
@@ -308,7 +313,7 @@ def generate_dataset(target_path: str | os.PathLike[str], out_dir: str | os.Path
                 new_users, new_prompts = [], []
                 for u in file_users:
                     ids = to_ids(u)
-                    if len(ids) + st.max_new_tokens <= per_seq:
+                    if len(ids) <= room:
                         new_users.append(u)
                         new_prompts.append(ids)
                         if len(new_users) >= st.n_samples:
@@ -334,7 +339,7 @@ def generate_dataset(target_path: str | os.PathLike[str], out_dir: str | os.Path
                             seen.add(text)
                 new_users = new_users[: st.n_samples - len(users)]
                 new_prompts = [to_ids(u) for u in new_users]
-                fits = [len(p) + st.max_new_tokens <= per_seq for p in new_prompts]
+                fits = [len(p) <= room for p in new_prompts]
                 n_skipped += len(fits) - sum(fits)
                 new_users = [u for u, f in zip(new_users, fits) if f]
                 new_prompts = [p for p, f in zip(new_prompts, fits) if f]
@@ -354,7 +359,7 @@ def generate_dataset(target_path: str | os.PathLike[str], out_dir: str | os.Path
             if file_users is not None or not new_users:
                 break
         if n_skipped:
-            log(f"data: {n_skipped} prompts longer than {per_seq - st.max_new_tokens} tokens skipped "
+            log(f"data: {n_skipped} prompts longer than {room} tokens skipped "
                 f"(n_ctx {tg.n_ctx} / {st.n_parallel} sequences)")
         if file_users is None:
             log(f"data: instructions {stats['instr_generated_tokens'] / max(stats['instr_seconds'], 1e-9):.0f} tok/s, "

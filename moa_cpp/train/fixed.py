@@ -44,6 +44,7 @@ class FixedSettings:
     turns: str = "first"                # first human turn's answer, or every answer with its context
     max_prompt_tokens: int = 256        # longer prompts are skipped (as the self-distilled data's KV share)
     max_answer_tokens: int = 256        # answers are cut here (as max_new_tokens)
+    code_share: Optional[float] = None  # share of pairs whose answer holds a fenced code block (None: as drawn)
 
 
 def _split(tg, ctx: list, answer: str) -> Optional[tuple[np.ndarray, np.ndarray]]:
@@ -58,6 +59,24 @@ def _split(tg, ctx: list, answer: str) -> Optional[tuple[np.ndarray, np.ndarray]
     a_ids = tg.tokenize(full[len(prompt):], add_bos=False, special=True)
     eog = [k for k, t in enumerate(a_ids.tolist()) if tg.is_eog(int(t))]
     return p_ids, (a_ids[: eog[0] + 1] if eog else a_ids)
+
+
+def has_code(answer: str) -> bool:
+    """A ShareGPT answer with a fenced code block (the cleaned V3 keeps markdown fences)."""
+    return "```" in answer
+
+
+def code_first(pool: list, n: int, share: float) -> list:
+    """Reorder ``pool`` so its first ``n`` pairs hold ``round(n * share)`` code answers (fewer if the pool has
+    fewer) and the rest prose, each kind in its drawn order; the remainder follows (pairs skipped later are
+    replaced from it). For a code target (Qwen2.5-Coder): ~1/5 of ShareGPT's answers hold code."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"code share {share}: use a fraction in [0, 1]")
+    code = [i for i, p in enumerate(pool) if has_code(p[1])]
+    prose = [i for i, p in enumerate(pool) if not has_code(p[1])]
+    k = min(len(code), round(n * share))
+    head = sorted(code[:k] + prose[: max(0, n - k)])       # the two kinds mixed in drawn order
+    return [pool[i] for i in head + code[k:] + prose[max(0, n - k):]]
 
 
 def fixed_answer_dataset(target_path: Union[str, os.PathLike], out_dir: Union[str, os.PathLike],
@@ -83,6 +102,8 @@ def fixed_answer_dataset(target_path: Union[str, os.PathLike], out_dir: Union[st
     index = sg.EvalIndex.from_dir(eval_dir) if filter_eval else None
     convs = sg.filter_eval_overlap(sg.iter_conversations(source, stats=stats), index, stats=stats)
     pool = sg.deterministic_sample(list(sg.fixed_answers(convs, turns=st.turns, stats=stats)), None, st.seed)
+    if st.code_share is not None:
+        pool = code_first(pool, st.n_samples, st.code_share)
     log(f"data (fixed answers): ShareGPT {stats.conversations} conversations ({stats.eval_overlap} repeating an "
         f"eval prompt dropped), {len(pool)} answers, read in {time.time() - t0:.1f}s")
     tg = Target.from_path(target_path, n_ctx=512, n_threads=1, install_callback=False)

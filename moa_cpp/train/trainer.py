@@ -262,26 +262,34 @@ def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = N
     return FeatureStore(lsa, hidden, resid)
 
 
+def _tokens_and_mask(ds: Dataset, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Right-padded token ids [B, S] of samples ``idx``, the response mask (True from each prompt's
+    end to the sample's end) and the sample lengths: what the cached and the online batches share."""
+    lens = [int(ds.offsets[j + 1] - ds.offsets[j]) for j in idx]
+    toks = torch.zeros(len(idx), max(lens), dtype=torch.long)
+    resp = torch.zeros(len(idx), max(lens), dtype=torch.bool)
+    for r, j in enumerate(idx):
+        toks[r, :lens[r]] = torch.from_numpy(ds.sample(j).astype(np.int64))
+        resp[r, int(ds.prompt_len[j]):lens[r]] = True
+    return toks, resp, lens
+
+
 def _batch(ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int],
            device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """Right-padded tensors of samples ``idx`` (built on the host, then moved to ``device``);
     with :class:`OnlineFeatures` the target runs on the batch instead."""
     if isinstance(fs, OnlineFeatures):
         return _online_batch(ds, fs, idx, device)
-    lens = [int(ds.offsets[j + 1] - ds.offsets[j]) for j in idx]
-    B, S = len(idx), max(lens)
+    toks, resp, _ = _tokens_and_mask(ds, idx)
+    B, S = toks.shape
     L, W = fs.lsa.shape[1:]
-    toks = torch.zeros(B, S, dtype=torch.long)
     lsa = torch.zeros(B, S, L, W)
     hid = torch.zeros(B, S, fs.hidden.shape[1])
-    resp = torch.zeros(B, S, dtype=torch.bool)
     resid = torch.zeros(B, S, fs.resid.shape[1]) if fs.resid is not None else None
     for r, j in enumerate(idx):
         a, b = int(ds.offsets[j]), int(ds.offsets[j + 1])
-        toks[r, :b - a] = torch.from_numpy(ds.tokens[a:b].astype(np.int64))
         lsa[r, :b - a] = torch.from_numpy(np.asarray(fs.lsa[a:b], dtype=np.float32))
         hid[r, :b - a] = torch.from_numpy(fs.hidden[a:b])
-        resp[r, int(ds.prompt_len[j]):b - a] = True
         if resid is not None:
             resid[r, :b - a] = torch.from_numpy(np.asarray(fs.resid[a:b], dtype=np.float32))
     out = {"tokens": toks, "lsa": lsa, "hidden": hid, "response": resp}
@@ -292,12 +300,7 @@ def _batch(ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int],
 
 def _online_batch(ds: Dataset, fs: OnlineFeatures, idx: list[int],
                   device: torch.device | str) -> dict[str, torch.Tensor]:
-    lens = [int(ds.offsets[j + 1] - ds.offsets[j]) for j in idx]
-    toks = torch.zeros(len(idx), max(lens), dtype=torch.long)
-    resp = torch.zeros(len(idx), max(lens), dtype=torch.bool)
-    for r, j in enumerate(idx):
-        toks[r, :lens[r]] = torch.from_numpy(ds.sample(j).astype(np.int64))
-        resp[r, int(ds.prompt_len[j]):lens[r]] = True
+    toks, resp, _ = _tokens_and_mask(ds, idx)
     toks, resp = toks.to(device), resp.to(device)
     lsa, hid, resid = fs.batch(toks)
     out = {"tokens": toks, "lsa": lsa.to(device), "hidden": hid.to(device), "response": resp}
@@ -546,7 +549,7 @@ class Trainer:
                 self.total = int(min(max_steps, self.step + max(0, (budget - (time.time() - t_start)) / per)))
                 bar.total = self.total
                 self.log(f"train: {per:.2f}s/step -> {self.total} steps ({self.total / spe:.2f} epochs)")
-            if self.step % s.eval_every == 0 or self.step == self.total:
+            if (s.eval_every and self.step % s.eval_every == 0) or self.step == self.total:
                 ev = self.evaluate()
                 self.history.append({"step": self.step, "tokens": tokens_seen, **parts, **ev})
                 last["tau"] = ev["tau"]

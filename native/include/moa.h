@@ -88,6 +88,10 @@ MOA_API const char * moa_arch_tensor_name(int32_t i);
 /* Number of ggml backend devices and their names ("CPU", "CUDA0", ...). */
 MOA_API int32_t      moa_device_count(void);
 MOA_API const char * moa_device_name(int32_t i);
+/* Its backend ("CPU", "CUDA", "Metal", "RPC", ...; "" out of range) and whether it is a GPU on
+ * this machine (1; RPC devices are remote: 0), for device listings and -ngl checks. */
+MOA_API const char * moa_device_backend(int32_t i);
+MOA_API int32_t      moa_device_is_local_gpu(int32_t i);
 
 /* ---------------------------------------------------------------- model */
 

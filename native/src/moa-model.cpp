@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -172,25 +173,43 @@ void expect_shape(const gguf_file & f, const std::string & name, int64_t ne0, in
     }
 }
 
+static std::string lower(std::string s) {
+    for (char & c : s) c = (char) std::tolower((unsigned char) c);
+    return s;
+}
+
+static std::string device_names() {
+    std::string names;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        names += std::string(i ? ", " : "") + ggml_backend_dev_name(ggml_backend_dev_get(i));
+    }
+    return names;
+}
+
+// "auto": first local GPU, else CPU. "gpu" / a backend name ("cuda", "metal", "vulkan", ...): the
+// first local GPU (of that backend): an error naming the devices this build has if there is none.
+// Otherwise a device name ("CUDA0"), case-insensitive.
 ggml_backend_dev_t pick_device(const char * want) {
-    const std::string w = want ? want : "auto";
-    if (w == "auto") {
-        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-            ggml_backend_dev_t d = ggml_backend_dev_get(i);
-            if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_GPU) return d;
-        }
-        return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    const std::string w = lower(want ? want : "auto");
+    if (w == "cpu") return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        if (lower(ggml_backend_dev_name(d)) == w) return d;
     }
-    if (w == "cpu" || w == "CPU") return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    ggml_backend_dev_t d = ggml_backend_dev_by_name(w.c_str());
-    if (!d) {
-        std::string names;
-        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-            names += std::string(i ? ", " : "") + ggml_backend_dev_name(ggml_backend_dev_get(i));
-        }
-        moa_throw(MOA_ERR_INVALID_ARGUMENT, "unknown device '%s' (available: auto, cpu, %s)", w.c_str(), names.c_str());
+    const bool any_gpu = (w == "auto" || w == "gpu");
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(d);
+        if (is_local_gpu(d) && (any_gpu || (reg && lower(ggml_backend_reg_name(reg)) == w))) return d;
     }
-    return d;
+    if (w == "auto") return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (w == "gpu" || w == "cuda" || w == "metal" || w == "vulkan" || w == "sycl" || w == "hip") {
+        moa_throw(MOA_ERR_INVALID_ARGUMENT, "device '%s': no such GPU in this build of llama.cpp (devices: %s); "
+                  "llama-cpp-python must be built with that backend, e.g. MOA_CUDA=1 bash scripts/setup.sh",
+                  want, device_names().c_str());
+    }
+    moa_throw(MOA_ERR_INVALID_ARGUMENT, "unknown device '%s' (available: auto, cpu, gpu, %s)", want,
+              device_names().c_str());
 }
 
 struct mapped_file {
@@ -217,6 +236,16 @@ void read_at(const std::string & path, size_t off, void * dst, size_t n) {
 }
 
 }  // namespace
+
+// A local GPU: GPU-type devices of llama.cpp's RPC backend live on other machines (they hold a
+// target's offloaded layers with --rpc); the drafter stays on this one.
+bool is_local_gpu(ggml_backend_dev_t d) {
+    auto lower = [](std::string s) { for (char & c : s) c = (char) std::tolower((unsigned char) c); return s; };
+    if (ggml_backend_dev_type(d) != GGML_BACKEND_DEVICE_TYPE_GPU) return false;
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(d);
+    return !(reg && lower(ggml_backend_reg_name(reg)) == "rpc");
+}
+
 
 void moa_backend_set_threads(ggml_backend_t backend, int32_t n_threads) {
     ggml_backend_dev_t dev = ggml_backend_get_device(backend);

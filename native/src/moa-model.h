@@ -84,3 +84,6 @@ moa_model * moa_model_load_impl(const char * drafter_path, const char * target_p
 
 // Set the CPU thread count on a backend (no-op for non-CPU backends).
 void moa_backend_set_threads(ggml_backend_t backend, int32_t n_threads);
+
+// A GPU on this machine (not a remote RPC device): what --device auto / gpu may pick.
+bool is_local_gpu(ggml_backend_dev_t d);

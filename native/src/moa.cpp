@@ -18,6 +18,17 @@ const char * moa_device_name(int32_t i) {
     return ggml_backend_dev_name(ggml_backend_dev_get(i));
 }
 
+const char * moa_device_backend(int32_t i) {
+    if (i < 0 || (size_t) i >= ggml_backend_dev_count()) return "";
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(ggml_backend_dev_get(i));
+    return reg ? ggml_backend_reg_name(reg) : "";
+}
+
+int32_t moa_device_is_local_gpu(int32_t i) {
+    if (i < 0 || (size_t) i >= ggml_backend_dev_count()) return 0;
+    return is_local_gpu(ggml_backend_dev_get(i)) ? 1 : 0;
+}
+
 int32_t moa_arch_n_tensors(void) { return (int32_t) moa_arch::required_tensors().size(); }
 
 const char * moa_arch_tensor_name(int32_t i) {
