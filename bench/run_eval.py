@@ -72,7 +72,8 @@ def stats_record(toks: list, t: float, st) -> dict:
            "tau": st.tau, "tau_num": st.accepted + st.target_calls, "tau_den": st.target_calls,
            "auto_choices": {str(k): v for k, v in st.auto_choices.items()},
            "accepted_by_depth": st.accepted_by_depth, "proposed_by_depth": st.proposed_by_depth,
-           "eog": st.eog_token if st.finish_reason == "stop" else -1, "decision": getattr(st, "decision", "")}
+           "eog": st.eog_token if st.finish_reason == "stop" else -1, "decision": getattr(st, "decision", ""),
+           "draft_rows": getattr(st, "draft_rows", 0)}
     rec.update({k: getattr(st, k) for k in SPLIT_KEYS})
     return rec
 

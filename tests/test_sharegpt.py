@@ -268,6 +268,31 @@ def test_train_cli_checks_sharegpt_specs(tmp_path: Path) -> None:
     _check_prompt_specs(ns(["sharegpt:5"], "none"))
 
 
+def test_code_share_mixes_code_answers_in_drawn_order() -> None:
+    from moa_cpp.train.fixed import code_first, has_code
+
+    pool = [([{"role": "user", "content": f"q{i}"}], f"```py\nx = {i}\n```" if i % 5 == 0 else f"prose {i}")
+            for i in range(100)]
+    head = code_first(pool, 10, 0.5)
+    assert sorted(map(id, head)) == sorted(map(id, pool))                  # a reordering, nothing lost
+    first = head[:10]
+    assert sum(has_code(a) for _, a in first) == 5
+    idx = [pool.index(p) for p in first]
+    assert idx == sorted(idx) == [0, 1, 2, 3, 4, 5, 6, 10, 15, 20]           # drawn order kept
+    assert sum(has_code(a) for _, a in code_first(pool, 50, 1.0)[:50]) == 20  # only 20 code answers exist
+    assert code_first(pool, 10, 0.0)[:10] == [p for p in pool if not has_code(p[1])][:10]
+    with pytest.raises(ValueError, match="fraction"):
+        code_first(pool, 10, 1.5)
+
+
+def test_train_cli_rejects_code_share_without_fixed_answers(tmp_path: Path) -> None:
+    from moa_cpp.cli import main
+
+    assert main(["train", "--target", "smollm2", "--out", str(tmp_path), "--code-share", "0.5"]) == 2
+    assert main(["train", "--target", "smollm2", "--out", str(tmp_path), "--fixed-answers", "4",
+                 "--code-share", "2"]) == 2
+
+
 def _shipped() -> Path:
     try:
         return sg.sharegpt_path()
