@@ -275,6 +275,8 @@ def main(argv=None) -> int:
         models.requantize(q41, q80, "q8_0")
     drafter = Path(args.drafter) if args.drafter else defaults.DEFAULT_DRAFTER
     texts = load_prompts(Path(args.prompts), args.per_set)
+    if args.dry_run:
+        texts = texts[:2]              # two prompts: the dry run checks the code path, not the numbers
     doc.update(lossless={}, verify_cost={}, speed={}, batch_noise={}, prompts=len(texts))
     for label, path in (("Q4_1", q41), ("Q8_0", q80)):
         log(f"== 2-3. {label} ({path.name}), target -ngl {ngl}, drafter on {dev}")
