@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -108,24 +107,6 @@ def lossless(target, state, prompts: list, shapes: list, max_tokens: int, api, n
         log(f"    {shape}: identical {same}/{len(prompts)}, near-ties {len(ties)}, failures {len(fails)}, "
             f"tau {out['shapes'][shape]['tau']:.2f}")
     return out
-
-
-def verify_cost(target, ids: list, ks: list, rounds: int) -> dict:
-    """Median seconds of one k-token decode after ``ids`` (rolled back each time), rounds interleaved."""
-    target.clear()
-    target.decode(ids, capture=False)
-    n = len(ids)
-    times: dict = {k: [] for k in ks}
-    for r in range(rounds + 2):
-        for k in (ks if r % 2 == 0 else ks[::-1]):
-            t0 = time.perf_counter()
-            target.decode(ids[-1:] * k, list(range(n, n + k)), capture=False)
-            dt = time.perf_counter() - t0
-            target.rollback(n)
-            if r >= 2:
-                times[k].append(dt)
-    target.clear()
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def speed(target, state, llm, prompts: list, max_tokens: int, api, shapes: list, oracle: list) -> dict:
@@ -288,7 +269,7 @@ def main(argv=None) -> int:
         doc["batch_noise"][label] = {str(k): v for k, v in noise.items()}
         log(f"  batch-vs-single max |dlogit|: {noise}; exact rows {target.max_exact_rows}")
         doc["lossless"][label] = lossless(target, state, prompts, shapes, args.max_tokens, api, max(noise.values()))
-        tk = verify_cost(target, prompts[0][:128], ks, 3 if args.dry_run else 20)
+        tk = api.measure_verify_cost(target, ks, reps=3 if args.dry_run else 20, prefix=128, use_cache=False)
         doc["verify_cost"][label] = {str(k): v for k, v in tk.items()}
         log("  T(k)/T(1): " + ", ".join(f"{k}: {v / tk[1]:.2f}" for k, v in tk.items()) + f" (T(1) {1e3 * tk[1]:.2f} ms)")
         llm = open_llama(str(path), n_ctx=2048, threads=threads, n_gpu_layers=ngl)

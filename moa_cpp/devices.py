@@ -18,17 +18,21 @@ from typing import Optional, Sequence
 _warned: set = set()
 
 
+def _devices() -> list[tuple[str, str, bool]]:
+    """(name, backend, is a GPU of this machine) of every ggml backend device, in ggml's order."""
+    from ._native import ffi, lib
+    return [(ffi.string(lib.moa_device_name(i)).decode(), ffi.string(lib.moa_device_backend(i)).decode(),
+             bool(lib.moa_device_is_local_gpu(i))) for i in range(lib.moa_device_count())]
+
+
 def list_devices() -> list[str]:
     """Names of the ggml backend devices ("CPU", "CUDA0", "RPC[host:port]", ...), in ggml's order."""
-    from ._native import ffi, lib
-    return [ffi.string(lib.moa_device_name(i)).decode() for i in range(lib.moa_device_count())]
+    return [name for name, _, _ in _devices()]
 
 
 def local_gpus() -> list[str]:
     """Names of this machine's GPU devices (RPC devices, which live on other machines, left out)."""
-    from ._native import ffi, lib
-    return [ffi.string(lib.moa_device_name(i)).decode() for i in range(lib.moa_device_count())
-            if lib.moa_device_is_local_gpu(i)]
+    return [name for name, _, gpu in _devices() if gpu]
 
 
 def gpu_offload_supported() -> bool:
@@ -54,11 +58,9 @@ def check_offload(n_gpu_layers: int, rpc: Optional[Sequence[str]] = None) -> boo
 
 def describe() -> str:
     """One line per device, for ``moa-cpp generate --list-devices``."""
-    from ._native import ffi, lib
-    gpus = set(local_gpus())
-    lines = [f"  {name:<12} backend {ffi.string(lib.moa_device_backend(i)).decode()}"
-             + ("  (GPU)" if name in gpus else "") for i, name in enumerate(list_devices())]
-    offload = "yes" if gpu_offload_supported() else "no (CPU-only build: MOA_CUDA=1 bash scripts/setup.sh for CUDA)"
+    devs = _devices()
+    lines = [f"  {name:<12} backend {backend}" + ("  (GPU)" if gpu else "") for name, backend, gpu in devs]
+    offload = "yes" if any(gpu for _, _, gpu in devs) else "no (CPU-only build: MOA_CUDA=1 bash scripts/setup.sh for CUDA)"
     return "devices (drafter: --device NAME / auto / cpu / gpu):\n" + "\n".join(lines) + \
         f"\ntarget GPU offload (-ngl): {offload}"
 

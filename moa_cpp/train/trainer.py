@@ -262,16 +262,16 @@ def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = N
     return FeatureStore(lsa, hidden, resid)
 
 
-def _tokens_and_mask(ds: Dataset, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Right-padded token ids [B, S] of samples ``idx``, the response mask (True from each prompt's
-    end to the sample's end) and the sample lengths: what the cached and the online batches share."""
+def _tokens_and_mask(ds: Dataset, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded token ids [B, S] of samples ``idx`` and the response mask (True from each
+    prompt's end to the sample's end): what the cached and the online batches share."""
     lens = [int(ds.offsets[j + 1] - ds.offsets[j]) for j in idx]
     toks = torch.zeros(len(idx), max(lens), dtype=torch.long)
     resp = torch.zeros(len(idx), max(lens), dtype=torch.bool)
     for r, j in enumerate(idx):
         toks[r, :lens[r]] = torch.from_numpy(ds.sample(j).astype(np.int64))
         resp[r, int(ds.prompt_len[j]):lens[r]] = True
-    return toks, resp, lens
+    return toks, resp
 
 
 def _batch(ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int],
@@ -280,7 +280,7 @@ def _batch(ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int],
     with :class:`OnlineFeatures` the target runs on the batch instead."""
     if isinstance(fs, OnlineFeatures):
         return _online_batch(ds, fs, idx, device)
-    toks, resp, _ = _tokens_and_mask(ds, idx)
+    toks, resp = _tokens_and_mask(ds, idx)
     B, S = toks.shape
     L, W = fs.lsa.shape[1:]
     lsa = torch.zeros(B, S, L, W)
@@ -300,7 +300,7 @@ def _batch(ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int],
 
 def _online_batch(ds: Dataset, fs: OnlineFeatures, idx: list[int],
                   device: torch.device | str) -> dict[str, torch.Tensor]:
-    toks, resp, _ = _tokens_and_mask(ds, idx)
+    toks, resp = _tokens_and_mask(ds, idx)
     toks, resp = toks.to(device), resp.to(device)
     lsa, hid, resid = fs.batch(toks)
     out = {"tokens": toks, "lsa": lsa.to(device), "hidden": hid.to(device), "response": resp}
