@@ -55,11 +55,13 @@ try:
 except Exception as e:
     print('')
 ")}
-QWEN_FIXED=$FIXED
-[ "$DRY" = 1 ] && QWEN_FIXED=8
+QWEN_FIXED=$FIXED QWEN_BUDGET=("${BUDGET[@]}") QWEN_BATCH=$BATCH QWEN_LEN=()
+# dry run: one short step (the 0.5B stand-in's F32 forward on 1,024 tokens takes ~15 s on 2 cores)
+[ "$DRY" = 1 ] && QWEN_FIXED=8 QWEN_BUDGET=(--steps 1) QWEN_BATCH=256 QWEN_LEN=(--max-new-tokens 48)
 if [ -n "$QWEN_TARGET" ] && [ -f "$QWEN_TARGET" ]; then
     "$PY" -m moa_cpp.cli train --target "$QWEN_TARGET" --out "$OUT/qwen" --n-samples 0 --fixed-answers "$QWEN_FIXED" \
-        --code-share 0.5 --sharegpt-turns all --features online --device "$DEV" "${BUDGET[@]}" --batch-tokens "$BATCH" \
+        --code-share 0.5 --sharegpt-turns all --features online --device "$DEV" "${QWEN_BUDGET[@]}" "${QWEN_LEN[@]}" \
+        --batch-tokens "$QWEN_BATCH" \
         --draft-vocab "$VOCAB" --eval-every "$EVAL" --outtype q8_0 2>&1 \
         | tr '\r' '\n' | grep -v "it/s\]$\|step/s\]$\|pair/s\]$" > "$OUT/qwen.log"
 else

@@ -5,7 +5,10 @@ compare. This script scores several runs' snapshots on the same held-out convers
 directory written by ``moa-cpp train --data-only`` (greedy self-distilled answers of prompts no
 compared run trained on; a sample whose prompt occurs in a run's ``prompts.jsonl`` is dropped and
 counted). The estimate is the trainer's (``eval_acceptance``: CA bounded every 5th position, the
-drafter's argmax vs the torch target's).
+drafter's argmax vs the torch target's). Each row also gets a 95 % bootstrap interval over the
+held-out conversations and, paired (the same resampled conversations), the interval of its
+difference to the first row: what separates a real A/B difference from held-out sampling noise
+(training-seed noise is not in it).
 
     python bench/heldout_tau.py --heldout out/heldout --target smollm2 out/ab-self out/ab-fixed \
         --out bench/results/issue12-ab.json
@@ -58,6 +61,17 @@ def load_snapshot(snap: Path, tt: TorchTarget) -> MoaDrafter:
     return model.eval()
 
 
+def bootstrap(per_run: list[list[tuple[int, int]]], n: int = 2000, seed: int = 0):
+    """Per run: (95 % interval of tau, 95 % interval of tau minus the first run's), conversations
+    resampled with replacement, the same draws for every run (paired)."""
+    acc = np.array([[a for a, _ in per] for per in per_run], dtype=float)      # [runs, conversations]
+    cyc = np.array([[c for _, c in per] for per in per_run], dtype=float)
+    draws = np.random.default_rng(seed).integers(0, acc.shape[1], size=(n, acc.shape[1]))
+    tau = 1.0 + acc[:, draws].sum(-1) / np.maximum(cyc[:, draws].sum(-1), 1)     # [runs, n]
+    q = lambda x: [float(v) for v in np.percentile(x, [2.5, 97.5])]  # noqa: E731
+    return [(q(t), q(t - tau[0])) for t in tau]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="run directories (with snapshot/ and their data dirs)")
@@ -75,16 +89,21 @@ def main() -> int:
     seen = set().union(*(_run_prompts(Path(r)) for r in a.runs))
     idx = [i for i in range(len(ds)) if ds.greedy[i] and keys[i] not in seen]
     print(f"held-out: {len(idx)} of {len(ds)} conversations ({len(ds) - len(idx)} dropped: trained on or sampled)")
-    rows = []
+    rows, per_run = [], []
     for r in a.runs:
         run = Path(r)
         model = load_snapshot(run / "snapshot", tt)
-        ev = eval_acceptance(model, ds, fs, idx)
+        per: list[tuple[int, int]] = []
+        ev = eval_acceptance(model, ds, fs, idx, per_sample=per)
+        per_run.append(per)
         rep = json.loads((run / "report.json").read_text()) if (run / "report.json").is_file() else {}
         rows.append({"run": str(run), **ev, "seconds": rep.get("seconds"), "steps": rep.get("steps"),
                      "samples": rep.get("samples"), "response_tokens": rep.get("response_tokens")})
         print(f"{run}: tau {ev['tau']:.3f}  acc@1 {ev['acc@1']:.3f}  acc@4 {ev['acc@4']:.3f}  "
               f"({ev['cycles']:.0f} cycles)")
+    for row, (ci, dci) in zip(rows, bootstrap(per_run)):
+        row["tau_ci95"], row["diff_vs_first_ci95"] = ci, dci
+        print(f"{row['run']}: tau 95% [{ci[0]:.3f}, {ci[1]:.3f}]  minus first row: [{dci[0]:+.3f}, {dci[1]:+.3f}]")
     res = {"heldout": str(held), "n_heldout": len(idx), "rows": rows}
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=2) + "\n")

@@ -13,8 +13,36 @@
 #     A out/ab-self:  self-distilled answers to ShareGPT prompts, 6 min of generation, 6 min training
 #     B out/ab-fixed: ShareGPT's own answers (teacher forcing), as many as the feature pass reads in
 #                     A's generation + feature time (660), 6 min training
+#
+# Issue 12 recipe A/B at equal wall-clock: every variant trains MINUTES (default 6) on the data and
+# features of out/default3 (the ShareGPT mix run of docs/training.md), one change each, scored on
+# the common held-out set with paired bootstrap intervals vs the first row:
+#   bash bench/train_variants.sh recipe [NAME...]     (default: every variant below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = recipe ]; then
+    shift
+    SRC=out/default3 MIN=${MINUTES:-6}
+    test -f $SRC/features/done.json || { echo "run the ShareGPT mix of docs/training.md first ($SRC)" >&2; exit 1; }
+    # data flags identical to out/default3's, so its data/, data-fixed/ and features/ are reused
+    M=".venv/bin/moa-cpp train --target smollm2 --prompts sharegpt --n-samples 3000 --data-minutes 5 \
+       --fixed-answers 1200 --epochs 10 --draft-vocab 8192 --eval-every 0 --outtype q8_0 --minutes $MIN"
+    declare -A FLAGS=([base]="" [bucket]="--batching bucket" [t5]="--t-range 5 5" [t3-7]="--t-range 3 7"
+                      [stair0]="--staircase-until 0" [lsa192]="--lsa-ffn 192" [lr1e-3]="--lr 1e-3"
+                      [lr4e-3]="--lr 4e-3")
+    NAMES=("$@"); [ ${#NAMES[@]} -gt 0 ] || NAMES=(base bucket t5 stair0 lsa192)
+    RUNS=()
+    for name in "${NAMES[@]}"; do
+        out=out/recipe/$name; RUNS+=($out)
+        test -f $out/report.json && { echo "$name: reusing $out"; continue; }
+        mkdir -p $out
+        for d in data data-fixed features; do ln -sfn "$(realpath $SRC/$d)" $out/$d; done
+        echo "$name: ${FLAGS[$name]}"
+        $M --out $out ${FLAGS[$name]} 2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|step/s" > $out/train.log
+    done
+    .venv/bin/python bench/heldout_tau.py --heldout out/heldout "${RUNS[@]}" --out bench/results/issue12-recipe.json
+    exit 0
+fi
 if [ "${1:-}" = datasource ]; then
     M=".venv/bin/moa-cpp train --target smollm2 --minutes 6 --epochs 10 --draft-vocab 8192 --eval-every 50 --outtype q8_0"
     $M --out out/ab-self --prompts sharegpt --n-samples 3000 --data-minutes 6 > out/ab-self.log 2>&1

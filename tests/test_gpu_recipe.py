@@ -44,7 +44,7 @@ def test_gpu_recipe_dry_run(tmp_path: Path) -> None:
     if qpath is None:
         assert qw["made"] is False and "skipped" in qw["why"]
     else:
-        assert qw["made"] and qw["steps"] == 3 and qw["samples"] == 8, qw
+        assert qw["made"] and qw["steps"] == 1 and qw["samples"] == 8, qw
         qrun = json.loads((tmp_path / "gpu" / "qwen" / "data-fixed" / "manifest.json").read_text())
         assert qrun["settings"]["code_share"] == 0.5
     # the check step really ran the training comparison (the CUDA half is skipped on a CPU machine)

@@ -89,6 +89,10 @@ class Ctx:
                                                   add_bos=False, special=True).tolist() for p in CHAT_PROMPTS]
         except Exception:  # no chat template: plain prompts only
             pass
+        if name.startswith("gemma"):
+            # a third of the prompts (chat included): with its 262K-row LM head each Gemma test took
+            # 1.5-2.5x the SmolLM2 one on all prompts (up to 118 s), and its checks are near-tie counts
+            self.prompts = self.prompts[::3]
         plain = SpeculativeLoop(self.target, None, DraftConfig("none"))
         self.refs, self.ref_logits = [], []
         for ids in self.prompts:

@@ -230,6 +230,35 @@ def test_epochs_with_different_batch_counts(fixture_dir: Path, tmp_path: Path) -
         assert sorted(seen) == sorted(tr.train_idx.tolist())
 
 
+def test_bucketed_batches_pad_less_and_visit_every_sample(fixture_dir: Path, tmp_path: Path) -> None:
+    """``batching="bucket"``: each epoch still holds every training sample exactly once, in a
+    seeded order that differs per epoch, with less padding than shuffled packing."""
+    from moa_cpp.train.data import Dataset
+    from moa_cpp.train.trainer import FeatureStore, padding_share
+
+    rng = np.random.default_rng(0)
+    lens = rng.integers(20, 400, size=300)
+    ds = Dataset(tokens=np.zeros(int(lens.sum()), np.int32), offsets=np.r_[0, np.cumsum(lens)].astype(np.int64),
+                 prompt_len=np.full(300, 5, np.int32), greedy=np.zeros(300, bool))
+    tt = TorchTarget.from_gguf(fixture_dir / "target-f32.gguf")
+    fs = FeatureStore(np.zeros((len(ds.tokens), 1, 1), np.float16), np.zeros((len(ds.tokens), 1), np.float32))
+    spec = spec_from_target(fixture_dir / "target-f32.gguf", **FIXTURE_SIZES)
+    pads = {}
+    for mode in ("random", "bucket"):
+        tr = Trainer(spec, tt, ds, fs, tmp_path / mode, TrainSettings(batch_tokens=1024, holdout=0, batching=mode),
+                     log=lambda s: None)
+        e0, e1 = tr._batches_of_epoch(0), tr._batches_of_epoch(1)
+        for ep in (e0, e1):
+            assert sorted(j for b in ep for j in b) == sorted(tr.train_idx.tolist())
+            assert all(max(lens[j] for j in b) * len(b) <= 1024 for b in ep)
+        assert e0 != e1 and e0 == tr._batches_of_epoch(0)
+        pads[mode] = padding_share(e0, lens)
+    assert pads["bucket"] < 0.5 * pads["random"], pads
+    with pytest.raises(ValueError, match="batching 'sorted'"):
+        Trainer(spec, tt, ds, fs, tmp_path / "bad", TrainSettings(holdout=0, batching="sorted"),
+                log=lambda s: None)._batches_of_epoch(0)
+
+
 def test_init_from_target(fixture_dir: Path) -> None:
     """SA starts as target layer 0 and CA as the last target layer; mismatched sizes are refused."""
     target = fixture_dir / "target-f32.gguf"
@@ -465,19 +494,64 @@ def test_feature_cache_adds_residual_later(fixture_dir: Path, tmp_path: Path) ->
                                         (["--n-samples", "0"], "no training data: --n-samples 0 needs"),
                                         (["--fixed-answers", "-1"], "must be >= 0"),
                                         (["--bf16", "maybe"], "invalid choice: 'maybe'"),
+                                        (["--t-range", "6", "1"], "--t-range 6 1: need 2 <= MIN <= MAX"),
+                                        (["--staircase-until", "1.5"], "--staircase-until 1.5: a fraction"),
+                                        (["--batching", "sorted"], "invalid choice: 'sorted'"),
                                         (["--device", "tpu"], "--device: device 'tpu': use auto, cpu or cuda"),
                                         # no CUDA here: "sees no CUDA device"; with CUDA: "only N device(s)"
                                         (["--device", "cuda:99"], "--device: device 'cuda:99'")])
-def test_train_cli_rejects_bad_arguments(fixture_dir: Path, tmp_path: Path, args: list[str], match: str) -> None:
-    """Checked before any data is generated: exit 2, a clear message, nothing written."""
-    import subprocess
-    import sys
+def test_train_cli_rejects_bad_arguments(fixture_dir: Path, tmp_path: Path, args: list[str], match: str,
+                                         capsys: pytest.CaptureFixture) -> None:
+    """Checked before any data is generated: exit 2, a clear message, nothing written. In-process
+    (``moa_cpp.cli.main``, as the console script calls it): a subprocess cost ~8 s of imports each."""
+    import logging
 
-    p = subprocess.run([sys.executable, "-m", "moa_cpp.cli", "train", "--target", str(fixture_dir / "target-f32.gguf"),
-                        "--out", str(tmp_path / "run"), *args], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 2, p.stderr
-    assert match in p.stderr
+    from moa_cpp.cli import main
+
+    try:
+        code = main(["train", "--target", str(fixture_dir / "target-f32.gguf"), "--out", str(tmp_path / "run"), *args])
+    except SystemExit as e:          # argparse's own rejections
+        code = e.code
+    finally:
+        logging.captureWarnings(False)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert match in err
     assert not (tmp_path / "run").exists()
+
+
+def test_minutes_budget_is_reestimated(fixture_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``minutes``: the step count follows the measured speed, not only the first 5 steps'. A fake
+    clock: 3 s per step for 5 warm-up steps, then 1 s; a 60 s budget must end at ~60 s (the
+    first-5-steps estimate alone stopped after 20 steps, at 30 s)."""
+    import moa_cpp.train.trainer as trainer_mod
+    from moa_cpp.train.data import Dataset
+
+    clock = [1000.0]
+    fake_time = type("FakeTime", (), {"time": staticmethod(lambda: clock[0])})
+    monkeypatch.setattr(trainer_mod, "time", fake_time)
+    real_loss, calls = trainer_mod.loss_fn, [0]
+
+    def timed_loss(*a, **k):
+        calls[0] += 1
+        clock[0] += 3.0 if calls[0] <= 5 else 1.0
+        return real_loss(*a, **k)
+
+    monkeypatch.setattr(trainer_mod, "loss_fn", timed_loss)
+    rng = np.random.default_rng(1)
+    lens = [40, 33, 52, 47, 29, 61, 38, 44]
+    ds = Dataset(tokens=rng.integers(0, 1000, sum(lens)).astype(np.int32),
+                 offsets=np.r_[0, np.cumsum(lens)].astype(np.int64), prompt_len=np.full(len(lens), 5, np.int32),
+                 greedy=np.ones(len(lens), bool))
+    tt = TorchTarget.from_gguf(fixture_dir / "target-f32.gguf")
+    fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False)
+    ts = TrainSettings(seed=0, minutes=1.0, epochs=100, batch_tokens=128, holdout=1, eval_every=0,
+                       ckpt_every=1000, threads=1, bf16=False, draft_vocab=64)
+    tr = Trainer(spec_from_target(fixture_dir / "target-f32.gguf", **FIXTURE_SIZES), tt, ds, fs, tmp_path, ts,
+                 log=lambda s: None)
+    t0 = clock[0]
+    summary = tr.run()
+    assert 55 <= clock[0] - t0 <= 61 and summary["steps"] == calls[0], (clock[0] - t0, summary["steps"])
 
 
 def _synthetic_run(tt: TorchTarget, fixture_dir: Path, tmp_path: Path, device: str,

@@ -64,6 +64,15 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=float, default=4.0, help="maximum passes over the data")
     p.add_argument("--batch-tokens", type=int, default=1024)
     p.add_argument("--lr", type=float, default=2e-3, help="peak LR (paper 6e-4; 2e-3 worked better for short CPU runs)")
+    p.add_argument("--batching", default="random", choices=["random", "bucket"],
+                   help="random: batches packed in shuffled order; bucket: samples of similar length "
+                        "batched together (less padding)")
+    p.add_argument("--t-range", type=int, nargs=2, default=[6, 14], metavar=("MIN", "MAX"),
+                   help="block length T ~ U{MIN..MAX} of the bounded CA mask: a block trains draft "
+                        "depths 1..T-1 (chain 4 drafts depths 1..4)")
+    p.add_argument("--staircase-until", type=float, default=0.5, metavar="F",
+                   help="staircase SA probability falls linearly from 1 to 0 at this fraction of the run "
+                        "(0: never staircase)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: all usable cores; use 1 when the machine is busy)")
@@ -160,6 +169,10 @@ def run_train(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("no training data: --n-samples 0 needs --fixed-answers N or --extra-data")
     if args.code_share is not None and not (0.0 <= args.code_share <= 1.0 and args.fixed_answers):
         raise InvalidArgumentError(f"--code-share {args.code_share}: a fraction in [0, 1], with --fixed-answers N")
+    if not 2 <= args.t_range[0] <= args.t_range[1]:
+        raise InvalidArgumentError(f"--t-range {args.t_range[0]} {args.t_range[1]}: need 2 <= MIN <= MAX")
+    if not 0.0 <= args.staircase_until <= 1.0:
+        raise InvalidArgumentError(f"--staircase-until {args.staircase_until}: a fraction in [0, 1]")
     if args.draft_vocab < 0:
         raise InvalidArgumentError(f"--draft-vocab {args.draft_vocab}: must be >= 0 (0: whole vocabulary)")
     _check_prompt_specs(args)
@@ -206,7 +219,8 @@ def run_train(args: argparse.Namespace) -> int:
     ts = TrainSettings(seed=args.seed, steps=args.steps, minutes=args.minutes, epochs=args.epochs,
                        batch_tokens=args.batch_tokens, lr=args.lr, threads=args.threads, bf16=bf16,
                        eval_every=args.eval_every, draft_vocab=args.draft_vocab, tli=args.tli,
-                       init_from_target=args.init_from_target, device=device)
+                       init_from_target=args.init_from_target, device=device, batching=args.batching,
+                       t_min=args.t_range[0], t_max=args.t_range[1], staircase_until=args.staircase_until)
     tr = Trainer(spec, tt, ds, fs, out, ts)
     summary = tr.run()
     t_train = time.time() - t0 - t_data - t_feat

@@ -21,7 +21,8 @@ the F32 one. TLI N > 0 runs the target's last N layers on ``z`` as the engine do
 
 Deterministic for a fixed ``steps`` (seeded init, data order, T and staircase draws; CPU torch
 kernels are deterministic at a fixed thread count). ``minutes`` instead chooses ``steps`` from the
-measured speed of the first steps (recorded in the checkpoint, so a resume keeps it).
+measured speed of the first 5 steps and re-estimates it every 10 steps, so the loop ends near the
+budget (recorded in the checkpoint; a resumed run keeps the last estimate).
 
 Device: ``TrainSettings.device`` ("cpu" or "cuda[:i]"). The model is built and initialised on the
 CPU (same seeded weights on every device), then moved; batches, masks and draws follow it. On CUDA
@@ -49,7 +50,7 @@ from .target_torch import TargetFeatures, TorchTarget
 from .vocab import draft_vocab, vocab_coverage
 
 __all__ = ["TrainSettings", "FeatureStore", "OnlineFeatures", "compute_features", "Trainer", "eval_acceptance",
-           "heldout_split", "lr_at", "resolve_bf16", "resolve_device"]
+           "heldout_split", "lr_at", "padding_share", "resolve_bf16", "resolve_device"]
 
 
 def resolve_device(name: str = "auto") -> str:
@@ -117,6 +118,7 @@ class TrainSettings:
     t_min: int = 6
     t_max: int = 14
     staircase_until: float = 0.5        # staircase probability reaches 0 at this run fraction
+    batching: str = "random"            # "random": packed in shuffled order; "bucket": by length (less padding)
     holdout: int = 12                   # held-out greedy samples for the acceptance estimate
     eval_every: int = 50
     ckpt_every: int = 50
@@ -327,6 +329,26 @@ def _pack(order: np.ndarray, lens: np.ndarray, batch_tokens: int) -> list[list[i
     return out
 
 
+BUCKET_WINDOW = 64
+
+
+def _bucket(order: np.ndarray, lens: np.ndarray, window: int = BUCKET_WINDOW) -> np.ndarray:
+    """``order`` with each run of ``window`` samples sorted by length (stable), so that packing puts
+    samples of similar length together and pads less; which samples share a window stays random,
+    and the batches are shuffled afterwards. A window of 64 holds ~16 batches of 1024 tokens."""
+    out = np.asarray(order).copy()
+    for a in range(0, len(out), window):
+        w = out[a:a + window]
+        out[a:a + window] = w[np.argsort(lens[w], kind="stable")]
+    return out
+
+
+def padding_share(batches: list[list[int]], lens: np.ndarray) -> float:
+    """Share of padded tokens in right-padded ``batches`` (rows padded to their longest sample)."""
+    padded = sum(max(int(lens[j]) for j in b) * len(b) for b in batches)
+    return 1.0 - sum(int(lens[j]) for b in batches for j in b) / max(padded, 1)
+
+
 def _autocast(enabled: bool, device_type: str = "cpu"):
     """bf16 autocast of the matmuls on ``device_type`` (master weights stay F32)."""
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=enabled)
@@ -359,14 +381,17 @@ def loss_fn(model: MoaDrafter, b: dict[str, torch.Tensor], T: torch.Tensor, stai
 
 @torch.no_grad()
 def eval_acceptance(model: MoaDrafter, ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int],
-                    depth: int = 4, bf16: bool = False) -> dict[str, float]:
-    """Held-out greedy chain-``depth`` acceptance estimate (module docstring)."""
+                    depth: int = 4, bf16: bool = False,
+                    per_sample: Optional[list[tuple[int, int]]] = None) -> dict[str, float]:
+    """Held-out greedy chain-``depth`` acceptance estimate (module docstring). ``per_sample``, when
+    given, receives (accepted drafts, cycles) of each sample in ``idx`` (for bootstrap intervals)."""
     model.eval()
     dev = model.embed.device
     runs: list[int] = []
     agree = np.zeros(depth)
     count = np.zeros(depth)
     for j in idx:
+        n_before = len(runs)
         b = _batch(ds, fs, [j], dev)
         resp = b["response"]
         T = torch.tensor([depth + 1], device=dev)
@@ -392,6 +417,8 @@ def eval_acceptance(model: MoaDrafter, ds: Dataset, fs: "FeatureStore | OnlineFe
                 else:
                     break
             runs.append(run)
+        if per_sample is not None:
+            per_sample.append((int(sum(runs[n_before:])), len(runs) - n_before))
     model.train()
     res = {"tau": 1.0 + (float(np.mean(runs)) if runs else 0.0), "cycles": float(len(runs))}
     for k in range(depth):
@@ -460,6 +487,10 @@ class Trainer:
     def _batches_of_epoch(self, epoch: int) -> list[list[int]]:
         rng = np.random.default_rng(self.s.seed * 1000 + epoch)
         order = rng.permutation(self.train_idx)
+        if self.s.batching == "bucket":
+            order = _bucket(order, self.lens)
+        elif self.s.batching != "random":
+            raise ValueError(f"batching {self.s.batching!r}: use random or bucket")
         batches = _pack(order, self.lens, self.s.batch_tokens)
         return [batches[k] for k in rng.permutation(len(batches))]
 
@@ -520,9 +551,14 @@ class Trainer:
         if not resumed:
             ev = self.evaluate()
             self.history.append({"step": 0, "tokens": 0, **ev})
-            self.log(f"train: init held-out tau {ev['tau']:.3f}  {spe} steps/epoch, held-out {len(self.heldout)} samples")
+            pad = padding_share(self._batches_of_epoch(0), self.lens)
+            self.log(f"train: init held-out tau {ev['tau']:.3f}  {spe} steps/epoch ({s.batching} batches, "
+                     f"{pad:.0%} padding), held-out {len(self.heldout)} samples")
         t_start = time.time()
         calib_at = self.step + 5
+        # a budgeted run re-estimates its step count every 10 steps: the first 5 steps (warm-up,
+        # page faults) alone once gave 84 to 116 steps for the same 6-minute budget
+        budgeted = self.total is None
         total_guess = self.total or max_steps
         bar = tqdm(total=total_guess, initial=self.step, desc="train", unit="step", mininterval=2)
         last = {}
@@ -543,12 +579,15 @@ class Trainer:
             self.step += 1
             tokens_seen += int(b["response"].sum())
             last = parts | {"gn": float(gn), "lr": self.opt.param_groups[0]["lr"]}
-            if self.total is None and self.step >= calib_at:
+            if budgeted and self.step >= calib_at and (self.step - calib_at) % 10 == 0:
+                first = self.total is None
                 per = (time.time() - t_start) / (self.step - (calib_at - 5))
                 budget = s.minutes * 60 if s.minutes else float("inf")
                 self.total = int(min(max_steps, self.step + max(0, (budget - (time.time() - t_start)) / per)))
                 bar.total = self.total
-                self.log(f"train: {per:.2f}s/step -> {self.total} steps ({self.total / spe:.2f} epochs)")
+                if first:
+                    self.log(f"train: {per:.2f}s/step -> {self.total} steps ({self.total / spe:.2f} epochs), "
+                             "re-estimated every 10 steps")
             if (s.eval_every and self.step % s.eval_every == 0) or self.step == self.total:
                 ev = self.evaluate()
                 self.history.append({"step": self.step, "tokens": tokens_seen, **parts, **ev})
