@@ -10,7 +10,7 @@ held-out conversations and, paired (the same resampled conversations), the inter
 difference to the first row: what separates a real A/B difference from held-out sampling noise
 (training-seed noise is not in it).
 
-    python bench/heldout_tau.py --heldout out/heldout --target smollm2 out/ab-self out/ab-fixed \
+    python bench/heldout_tau.py --heldout out/heldout/data --target smollm2 out/ab-self out/ab-fixed \
         --out bench/results/issue12-ab.json
 """
 from __future__ import annotations
@@ -72,6 +72,39 @@ def bootstrap(per_run: list[list[tuple[int, int]]], n: int = 2000, seed: int = 0
     return [(q(t), q(t - tau[0])) for t in tau]
 
 
+def write_report(res: dict, out_json: Path) -> None:
+    """``res`` as JSON, a markdown table and a bar plot (tau with its 95 % interval) beside it."""
+    out_json = Path(out_json)
+    out_json.write_text(json.dumps(res, indent=2) + "\n")
+    lines = [f"Held-out chain-4 tau on {res['n_heldout']} conversations ({res['heldout']}); 95 % bootstrap "
+             "intervals over conversations; the difference is paired with the first row.", "",
+             "| run | steps | train s | tau | 95 % | minus first row, 95 % | acc@1 |", "|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        sec = (r.get("seconds") or {}).get("train")
+        lines.append(f"| {Path(r['run']).name} | {r.get('steps')} | {sec:.0f} | {r['tau']:.3f} | "
+                     f"{r['tau_ci95'][0]:.3f}-{r['tau_ci95'][1]:.3f} | {r['diff_vs_first_ci95'][0]:+.3f} to "
+                     f"{r['diff_vs_first_ci95'][1]:+.3f} | {r['acc@1']:.3f} |" if sec is not None else
+                     f"| {Path(r['run']).name} | {r.get('steps')} | - | {r['tau']:.3f} | "
+                     f"{r['tau_ci95'][0]:.3f}-{r['tau_ci95'][1]:.3f} | {r['diff_vs_first_ci95'][0]:+.3f} to "
+                     f"{r['diff_vs_first_ci95'][1]:+.3f} | {r['acc@1']:.3f} |")
+    out_json.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [Path(r["run"]).name for r in res["rows"]]
+    tau = np.array([r["tau"] for r in res["rows"]])
+    ci = np.array([r["tau_ci95"] for r in res["rows"]])
+    fig, ax = plt.subplots(figsize=(1.2 * len(names) + 2, 3.5))
+    ax.bar(names, tau - 1.0, bottom=1.0, yerr=[tau - ci[:, 0], ci[:, 1] - tau], capsize=4, color="tab:blue")
+    ax.set_ylabel("held-out chain-4 tau")
+    ax.set_ylim(1.0, max(ci[:, 1]) * 1.02)
+    ax.set_title(f"{out_json.stem}: {res['n_heldout']} held-out conversations, 95 % bootstrap")
+    fig.tight_layout()
+    fig.savefig(out_json.with_suffix(".png"), dpi=100)
+    plt.close(fig)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="run directories (with snapshot/ and their data dirs)")
@@ -106,7 +139,7 @@ def main() -> int:
         print(f"{row['run']}: tau 95% [{ci[0]:.3f}, {ci[1]:.3f}]  minus first row: [{dci[0]:+.3f}, {dci[1]:+.3f}]")
     res = {"heldout": str(held), "n_heldout": len(idx), "rows": rows}
     if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=2) + "\n")
+        write_report(res, Path(a.out))
     return 0
 
 

@@ -40,7 +40,7 @@ if [ "${1:-}" = recipe ]; then
         echo "$name: ${FLAGS[$name]}"
         $M --out $out ${FLAGS[$name]} 2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|step/s" > $out/train.log
     done
-    .venv/bin/python bench/heldout_tau.py --heldout out/heldout "${RUNS[@]}" --out bench/results/issue12-recipe.json
+    .venv/bin/python bench/heldout_tau.py --heldout out/heldout/data "${RUNS[@]}" --out bench/results/issue12-recipe.json
     exit 0
 fi
 if [ "${1:-}" = datasource ]; then
@@ -49,7 +49,7 @@ if [ "${1:-}" = datasource ]; then
     $M --out out/ab-fixed --n-samples 0 --fixed-answers 660 > out/ab-fixed.log 2>&1
     .venv/bin/moa-cpp train --target smollm2 --out out/heldout --prompts sharegpt --seed 7 --n-samples 64 \
         --greedy-fraction 1 --data-only --data-minutes 4
-    .venv/bin/python bench/heldout_tau.py --heldout out/heldout out/ab-self out/ab-fixed \
+    .venv/bin/python bench/heldout_tau.py --heldout out/heldout/data out/ab-self out/ab-fixed \
         --out bench/results/issue12-datasource.json
     exit 0
 fi
