@@ -636,3 +636,25 @@ def test_bf16_auto_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None
     assert tr.cpu_has_native_bf16() == ("avx512_bf16" in flags or "amx_bf16" in flags)
     with pytest.raises(ValueError):
         tr.resolve_bf16("maybe", "cpu")
+
+
+def test_heldout_bootstrap_intervals() -> None:
+    """bench/heldout_tau.py's paired bootstrap: a run against itself differs by exactly 0; a run
+    that accepts one more draft per cycle on every conversation lies above the first, and the
+    intervals hold the point estimates."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from heldout_tau import bootstrap
+
+    rng = np.random.default_rng(0)
+    cyc = rng.integers(20, 60, size=40)
+    acc = (cyc * rng.uniform(0.05, 0.4, size=40)).astype(int)
+    base = list(zip(acc.tolist(), cyc.tolist()))
+    better = list(zip((acc + cyc).tolist(), cyc.tolist()))
+    (ci0, d0), (ci1, d1), (ci2, d2) = bootstrap([base, base, better])
+    tau0 = 1 + acc.sum() / cyc.sum()
+    assert ci0[0] < tau0 < ci0[1] and ci1 == ci0
+    assert d0 == [0.0, 0.0] and d1 == [0.0, 0.0]
+    assert d2[0] == pytest.approx(1.0) and d2[1] == pytest.approx(1.0)
+    assert ci2[0] > ci0[1]
