@@ -66,7 +66,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=2e-3, help="peak LR (paper 6e-4; 2e-3 worked better for short CPU runs)")
     p.add_argument("--batching", default="random", choices=["random", "bucket"],
                    help="random: batches packed in shuffled order; bucket: samples of similar length "
-                        "batched together (less padding)")
+                        "batched together (less padding; no faster on a 2-core CPU, see docs/training.md)")
     p.add_argument("--t-range", type=int, nargs=2, default=[6, 14], metavar=("MIN", "MAX"),
                    help="block length T ~ U{MIN..MAX} of the bounded CA mask: a block trains draft "
                         "depths 1..T-1 (chain 4 drafts depths 1..4)")

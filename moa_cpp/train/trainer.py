@@ -556,8 +556,8 @@ class Trainer:
                      f"{pad:.0%} padding), held-out {len(self.heldout)} samples")
         t_start = time.time()
         calib_at = self.step + 5
-        # a budgeted run re-estimates its step count every 10 steps: the first 5 steps (warm-up,
-        # page faults) alone once gave 84 to 116 steps for the same 6-minute budget
+        # a budgeted run re-estimates its step count every 10 steps: the first 5 steps alone
+        # (warm-up) mis-estimated 6-minute runs by up to 18 %
         budgeted = self.total is None
         total_guess = self.total or max_steps
         bar = tqdm(total=total_guess, initial=self.step, desc="train", unit="step", mininterval=2)
