@@ -81,12 +81,9 @@ def write_report(res: dict, out_json: Path) -> None:
              "| run | steps | train s | tau | 95 % | minus first row, 95 % | acc@1 |", "|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         sec = (r.get("seconds") or {}).get("train")
-        lines.append(f"| {Path(r['run']).name} | {r.get('steps')} | {sec:.0f} | {r['tau']:.3f} | "
-                     f"{r['tau_ci95'][0]:.3f}-{r['tau_ci95'][1]:.3f} | {r['diff_vs_first_ci95'][0]:+.3f} to "
-                     f"{r['diff_vs_first_ci95'][1]:+.3f} | {r['acc@1']:.3f} |" if sec is not None else
-                     f"| {Path(r['run']).name} | {r.get('steps')} | - | {r['tau']:.3f} | "
-                     f"{r['tau_ci95'][0]:.3f}-{r['tau_ci95'][1]:.3f} | {r['diff_vs_first_ci95'][0]:+.3f} to "
-                     f"{r['diff_vs_first_ci95'][1]:+.3f} | {r['acc@1']:.3f} |")
+        (lo, hi), (dlo, dhi) = r["tau_ci95"], r["diff_vs_first_ci95"]
+        lines.append(f"| {Path(r['run']).name} | {r.get('steps')} | {'-' if sec is None else f'{sec:.0f}'} | "
+                     f"{r['tau']:.3f} | {lo:.3f}-{hi:.3f} | {dlo:+.3f} to {dhi:+.3f} | {r['acc@1']:.3f} |")
     out_json.with_suffix(".md").write_text("\n".join(lines) + "\n")
     import matplotlib
     matplotlib.use("Agg")

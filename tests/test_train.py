@@ -203,18 +203,35 @@ def test_masks_follow_spec() -> None:
     assert sa[0, 0, 5].tolist() == [True] * 6 + [False] * 2
 
 
-def test_epochs_with_different_batch_counts(fixture_dir: Path, tmp_path: Path) -> None:
-    """Packing differs per epoch (shuffled order), so epochs may hold different numbers of batches:
-    every epoch must still visit each training sample exactly once, across epoch boundaries."""
+def _length_only_data(lens: np.ndarray):
+    """(dataset, feature store) of zero tokens and zero features with sample lengths ``lens``:
+    enough for batching tests, which look only at lengths."""
     from moa_cpp.train.data import Dataset
     from moa_cpp.train.trainer import FeatureStore
 
-    rng = np.random.default_rng(0)
-    lens = rng.integers(20, 200, size=60)
+    n = len(lens)
     ds = Dataset(tokens=np.zeros(int(lens.sum()), np.int32), offsets=np.r_[0, np.cumsum(lens)].astype(np.int64),
-                 prompt_len=np.full(60, 5, np.int32), greedy=np.zeros(60, bool))
-    tt = TorchTarget.from_gguf(fixture_dir / "target-f32.gguf")
+                 prompt_len=np.full(n, 5, np.int32), greedy=np.zeros(n, bool))
     fs = FeatureStore(np.zeros((len(ds.tokens), 1, 1), np.float16), np.zeros((len(ds.tokens), 1), np.float32))
+    return ds, fs
+
+
+def _random_token_data():
+    """8 greedy samples of random tokens (seeded), for the short synthetic training runs."""
+    from moa_cpp.train.data import Dataset
+
+    rng = np.random.default_rng(1)
+    lens = [40, 33, 52, 47, 29, 61, 38, 44]
+    return Dataset(tokens=rng.integers(0, 1000, sum(lens)).astype(np.int32),
+                   offsets=np.r_[0, np.cumsum(lens)].astype(np.int64), prompt_len=np.full(len(lens), 5, np.int32),
+                   greedy=np.ones(len(lens), bool))
+
+
+def test_epochs_with_different_batch_counts(fixture_dir: Path, tmp_path: Path) -> None:
+    """Packing differs per epoch (shuffled order), so epochs may hold different numbers of batches:
+    every epoch must still visit each training sample exactly once, across epoch boundaries."""
+    ds, fs = _length_only_data(np.random.default_rng(0).integers(20, 200, size=60))
+    tt = TorchTarget.from_gguf(fixture_dir / "target-f32.gguf")
     tr = Trainer(spec_from_target(fixture_dir / "target-f32.gguf", **FIXTURE_SIZES), tt, ds, fs, tmp_path,
                  TrainSettings(batch_tokens=512, holdout=0), log=lambda s: None)
     counts = [len(tr._batches_of_epoch(e)) for e in range(8)]
@@ -233,15 +250,11 @@ def test_epochs_with_different_batch_counts(fixture_dir: Path, tmp_path: Path) -
 def test_bucketed_batches_pad_less_and_visit_every_sample(fixture_dir: Path, tmp_path: Path) -> None:
     """``batching="bucket"``: each epoch still holds every training sample exactly once, in a
     seeded order that differs per epoch, with less padding than shuffled packing."""
-    from moa_cpp.train.data import Dataset
-    from moa_cpp.train.trainer import FeatureStore, padding_share
+    from moa_cpp.train.trainer import padding_share
 
-    rng = np.random.default_rng(0)
-    lens = rng.integers(20, 400, size=300)
-    ds = Dataset(tokens=np.zeros(int(lens.sum()), np.int32), offsets=np.r_[0, np.cumsum(lens)].astype(np.int64),
-                 prompt_len=np.full(300, 5, np.int32), greedy=np.zeros(300, bool))
+    lens = np.random.default_rng(0).integers(20, 400, size=300)
+    ds, fs = _length_only_data(lens)
     tt = TorchTarget.from_gguf(fixture_dir / "target-f32.gguf")
-    fs = FeatureStore(np.zeros((len(ds.tokens), 1, 1), np.float16), np.zeros((len(ds.tokens), 1), np.float32))
     spec = spec_from_target(fixture_dir / "target-f32.gguf", **FIXTURE_SIZES)
     pads = {}
     for mode in ("random", "bucket"):
@@ -525,7 +538,6 @@ def test_minutes_budget_is_reestimated(fixture_dir: Path, tmp_path: Path, monkey
     clock: 3 s per step for 5 warm-up steps, then 1 s; a 60 s budget must end at ~60 s (the
     first-5-steps estimate alone stopped after 20 steps, at 30 s)."""
     import moa_cpp.train.trainer as trainer_mod
-    from moa_cpp.train.data import Dataset
 
     clock = [1000.0]
     fake_time = type("FakeTime", (), {"time": staticmethod(lambda: clock[0])})
@@ -538,11 +550,7 @@ def test_minutes_budget_is_reestimated(fixture_dir: Path, tmp_path: Path, monkey
         return real_loss(*a, **k)
 
     monkeypatch.setattr(trainer_mod, "loss_fn", timed_loss)
-    rng = np.random.default_rng(1)
-    lens = [40, 33, 52, 47, 29, 61, 38, 44]
-    ds = Dataset(tokens=rng.integers(0, 1000, sum(lens)).astype(np.int32),
-                 offsets=np.r_[0, np.cumsum(lens)].astype(np.int64), prompt_len=np.full(len(lens), 5, np.int32),
-                 greedy=np.ones(len(lens), bool))
+    ds = _random_token_data()
     tt = TorchTarget.from_gguf(fixture_dir / "target-f32.gguf")
     fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False)
     ts = TrainSettings(seed=0, minutes=1.0, epochs=100, batch_tokens=128, holdout=1, eval_every=0,
@@ -557,13 +565,7 @@ def test_minutes_budget_is_reestimated(fixture_dir: Path, tmp_path: Path, monkey
 def _synthetic_run(tt: TorchTarget, fixture_dir: Path, tmp_path: Path, device: str,
                    tli: int, online: bool = False) -> tuple[list, dict, dict]:
     """12 F32 steps on random tokens; (held-out history, initial weights, final weights)."""
-    from moa_cpp.train.data import Dataset
-
-    rng = np.random.default_rng(1)
-    lens = [40, 33, 52, 47, 29, 61, 38, 44]
-    ds = Dataset(tokens=rng.integers(0, 1000, sum(lens)).astype(np.int32),
-                 offsets=np.r_[0, np.cumsum(lens)].astype(np.int64), prompt_len=np.full(len(lens), 5, np.int32),
-                 greedy=np.ones(len(lens), bool))
+    ds = _random_token_data()
     resid_layer = tt.n_layer - tli if tli else None
     fs = (OnlineFeatures(tt, bf16=False, resid_layer=resid_layer) if online else
           compute_features(tt, ds, None, log=lambda s: None, bf16=False, resid_layer=resid_layer))

@@ -494,21 +494,25 @@ class Trainer:
         batches = _pack(order, self.lens, self.s.batch_tokens)
         return [batches[k] for k in rng.permutation(len(batches))]
 
+    def _epoch(self, epoch: int) -> list[list[int]]:
+        """``_batches_of_epoch``, packed once per epoch."""
+        if epoch not in self._epoch_cache:
+            self._epoch_cache[epoch] = self._batches_of_epoch(epoch)
+        return self._epoch_cache[epoch]
+
     def steps_per_epoch(self) -> int:
         """Batches in epoch 0 (later epochs pack differently and may have one more or less)."""
-        return len(self._batches_of_epoch(0))
+        return len(self._epoch(0))
 
     def batch_at(self, step: int) -> tuple[int, list[int]]:
         """(epoch, sample ids) of ``step``: the epochs' batch lists one after another. (Indexing
         every epoch with epoch 0's length crashed once a later epoch packed into fewer batches.)"""
         epoch, first = 0, 0
         while True:
-            if epoch not in self._epoch_cache:
-                self._epoch_cache[epoch] = self._batches_of_epoch(epoch)
-            n = len(self._epoch_cache[epoch])
-            if step < first + n:
-                return epoch, self._epoch_cache[epoch][step - first]
-            epoch, first = epoch + 1, first + n
+            batches = self._epoch(epoch)
+            if step < first + len(batches):
+                return epoch, batches[step - first]
+            epoch, first = epoch + 1, first + len(batches)
 
     def _draws(self, step: int, n: int, progress: float) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(self.s.seed * 7919 + step)
@@ -551,7 +555,7 @@ class Trainer:
         if not resumed:
             ev = self.evaluate()
             self.history.append({"step": 0, "tokens": 0, **ev})
-            pad = padding_share(self._batches_of_epoch(0), self.lens)
+            pad = padding_share(self._epoch(0), self.lens)
             self.log(f"train: init held-out tau {ev['tau']:.3f}  {spe} steps/epoch ({s.batching} batches, "
                      f"{pad:.0%} padding), held-out {len(self.heldout)} samples")
         t_start = time.time()
