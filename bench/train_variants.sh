@@ -29,7 +29,7 @@ if [ "${1:-}" = recipe ]; then
        --fixed-answers 1200 --epochs 10 --draft-vocab 8192 --eval-every 0 --outtype q8_0 --minutes $MIN"
     declare -A FLAGS=([base]="" [bucket]="--batching bucket" [t5]="--t-range 5 5" [t3-7]="--t-range 3 7"
                       [stair0]="--staircase-until 0" [lsa192]="--lsa-ffn 192" [lr1e-3]="--lr 1e-3"
-                      [lr4e-3]="--lr 4e-3")
+                      [lr4e-3]="--lr 4e-3" [muon]="--optimizer muon")
     NAMES=("$@"); [ ${#NAMES[@]} -gt 0 ] || NAMES=(base bucket t5 stair0 lsa192)
     RUNS=()
     for name in "${NAMES[@]}"; do

@@ -510,6 +510,7 @@ def test_feature_cache_adds_residual_later(fixture_dir: Path, tmp_path: Path) ->
                                         (["--t-range", "6", "1"], "--t-range 6 1: need 2 <= MIN <= MAX"),
                                         (["--staircase-until", "1.5"], "--staircase-until 1.5: a fraction"),
                                         (["--batching", "sorted"], "invalid choice: 'sorted'"),
+                                        (["--optimizer", "sgd"], "invalid choice: 'sgd'"),
                                         (["--device", "tpu"], "--device: device 'tpu': use auto, cpu or cuda"),
                                         # no CUDA here: "sees no CUDA device"; with CUDA: "only N device(s)"
                                         (["--device", "cuda:99"], "--device: device 'cuda:99'")])
@@ -660,3 +661,54 @@ def test_heldout_bootstrap_intervals() -> None:
     assert d0 == [0.0, 0.0] and d1 == [0.0, 0.0]
     assert d2[0] == pytest.approx(1.0) and d2[1] == pytest.approx(1.0)
     assert ci2[0] > ci0[1]
+
+
+def test_muon_optimizer_splits_params_and_resumes(fixture_dir: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``optimizer="muon"``: Muon owns exactly the layers' 2-D weights (AdamW the input projection,
+    draft head, norms and biases); a run killed after its step-4 checkpoint and resumed ends on the
+    same weights as one uninterrupted run (both optimisers' state survives the checkpoint)."""
+    import moa_cpp.train.trainer as trainer_mod
+
+    ds = _random_token_data()
+    tt = TorchTarget.from_gguf(fixture_dir / "target-f32.gguf")
+    fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False)
+    ts = TrainSettings(seed=0, steps=8, batch_tokens=128, lr=3e-3, holdout=1, eval_every=0, ckpt_every=4,
+                       threads=1, bf16=False, draft_vocab=64, optimizer="muon")
+    spec = spec_from_target(fixture_dir / "target-f32.gguf", **FIXTURE_SIZES)
+
+    def trainer(d: str) -> Trainer:
+        return Trainer(spec, tt, ds, fs, tmp_path / d, ts, log=lambda s: None)
+
+    whole = trainer("whole")
+    muon, adamw = whole.opt.opts
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    names = {id(p): n for n, p in whole.model.named_parameters()}
+    in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    in_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
+    assert not in_muon & in_adamw and in_muon | in_adamw == set(names.values())
+    assert {"self_attention.self_attn.q_proj.weight", "layer_self_attention.mlp.down_proj.weight"} <= in_muon
+    assert {"Ekv2E.weight", "Ekv2E.bias", "draft_lm_head.weight"} <= in_adamw
+    assert all(whole.model.get_parameter(n).ndim == 2 for n in in_muon)
+    w0 = whole.model.hf_state_dict()
+    whole.run()
+
+    real_loss, calls = trainer_mod.loss_fn, [0]
+
+    def dies_at_step_5(*a, **k):
+        calls[0] += 1
+        if calls[0] == 5:
+            raise KeyboardInterrupt
+        return real_loss(*a, **k)
+
+    monkeypatch.setattr(trainer_mod, "loss_fn", dies_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        trainer("killed").run()
+    monkeypatch.setattr(trainer_mod, "loss_fn", real_loss)
+    resumed = trainer("killed")
+    resumed.run()
+    assert resumed.step == 8
+    for k, v in whole.model.hf_state_dict().items():
+        np.testing.assert_array_equal(resumed.model.hf_state_dict()[k].numpy(), v.numpy(), err_msg=k)
+        if k != "d2t":
+            assert not torch.equal(v, w0[k]) or "norm" in k, k   # every trained tensor moved

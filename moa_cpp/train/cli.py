@@ -64,6 +64,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=float, default=4.0, help="maximum passes over the data")
     p.add_argument("--batch-tokens", type=int, default=1024)
     p.add_argument("--lr", type=float, default=2e-3, help="peak LR (paper 6e-4; 2e-3 worked better for short CPU runs)")
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"],
+                   help="adamw (default), or muon: Muon for the drafter layers' 2-D weights, AdamW for "
+                        "the rest (torch >= 2.9; same --lr and schedule)")
     p.add_argument("--batching", default="random", choices=["random", "bucket"],
                    help="random: batches packed in shuffled order; bucket: samples of similar length "
                         "batched together (less padding; no faster on a 2-core CPU, see docs/training.md)")
@@ -220,7 +223,8 @@ def run_train(args: argparse.Namespace) -> int:
                        batch_tokens=args.batch_tokens, lr=args.lr, threads=args.threads, bf16=bf16,
                        eval_every=args.eval_every, draft_vocab=args.draft_vocab, tli=args.tli,
                        init_from_target=args.init_from_target, device=device, batching=args.batching,
-                       t_min=args.t_range[0], t_max=args.t_range[1], staircase_until=args.staircase_until)
+                       t_min=args.t_range[0], t_max=args.t_range[1], staircase_until=args.staircase_until,
+                       optimizer=args.optimizer)
     tr = Trainer(spec, tt, ds, fs, out, ts)
     summary = tr.run()
     t_train = time.time() - t0 - t_data - t_feat

@@ -113,6 +113,7 @@ class TrainSettings:
     min_lr_ratio: float = 0.05          # final LR = lr * ratio (paper: base = peak / 20)
     warmup: int = 50                    # paper: 50 steps; capped at 5 % of the run
     weight_decay: float = 0.0
+    optimizer: str = "adamw"            # "adamw", or "muon": Muon for the layers' 2-D weights, AdamW for the rest
     clip: float = 1.0
     ce_weight: float = 0.1
     t_min: int = 6
@@ -138,6 +139,57 @@ def lr_at(step: int, total: int, s: TrainSettings) -> float:
         return s.lr * (step + 1) / warm
     frac = (step - warm) / max(1, total - warm)
     return s.lr * (1.0 - (1.0 - s.min_lr_ratio) * min(1.0, frac))
+
+
+class _Optimizers:
+    """Several optimisers stepped as one (Muon + AdamW): ``param_groups``, ``zero_grad``, ``step``,
+    ``state_dict`` and ``load_state_dict`` span all, so the loop and checkpoints stay unchanged."""
+
+    def __init__(self, opts: list) -> None:
+        self.opts = opts
+
+    @property
+    def param_groups(self) -> list:
+        return [g for o in self.opts for g in o.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.opts:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None) -> None:
+        for o in self.opts:
+            o.step()
+
+    def state_dict(self) -> dict:
+        return {"parts": [o.state_dict() for o in self.opts]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state.get("parts", ())) != len(self.opts):
+            raise ValueError("checkpoint optimiser state does not match --optimizer")
+        for o, st in zip(self.opts, state["parts"]):
+            o.load_state_dict(st)
+
+
+def make_optimizer(model: torch.nn.Module, s: TrainSettings) -> "torch.optim.Optimizer | _Optimizers":
+    """AdamW (beta 0.9/0.95) over every parameter, or ``muon``: torch's Muon (orthogonalised
+    momentum; LR scaled to AdamW's update RMS, so one ``lr`` and schedule serve both) for the 2-D
+    weights inside the three layers, AdamW for Ekv2E (input projection), the draft LM head, norms
+    and biases, as Muon's authors advise for input/output layers."""
+    adamw = dict(lr=s.lr, betas=(0.9, 0.95), weight_decay=s.weight_decay)
+    if s.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), **adamw)
+    if s.optimizer != "muon":
+        raise ValueError(f"optimizer {s.optimizer!r}: use adamw or muon")
+    if not hasattr(torch.optim, "Muon"):
+        raise ValueError(f"--optimizer muon needs torch >= 2.9 (installed: {torch.__version__})")
+    layers = ("self_attention.", "cross_attention.", "layer_self_attention.")
+    muon, rest = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (muon if p.ndim == 2 and name.startswith(layers) else rest).append(p)
+    return _Optimizers([torch.optim.Muon(muon, lr=s.lr, weight_decay=s.weight_decay,
+                                         adjust_lr_fn="match_rms_adamw"),
+                        torch.optim.AdamW(rest, **adamw)])
 
 
 class FeatureStore:
@@ -473,8 +525,7 @@ class Trainer:
             if tt.embed.device != self.device:
                 raise ValueError(f"TLI {settings.tli}: the target is on {tt.embed.device}, training on {self.device}")
             self.model.attach_tli(tt, settings.tli)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, betas=(0.9, 0.95),
-                                     weight_decay=settings.weight_decay)
+        self.opt = make_optimizer(self.model, settings)
         self.lens = np.diff(ds.offsets)
         self._epoch_cache: dict[int, list[list[int]]] = {}
         self.step = 0
