@@ -18,29 +18,43 @@
 # features of out/default3 (the ShareGPT mix run of docs/training.md), one change each, scored on
 # the common held-out set with paired bootstrap intervals vs the first row:
 #   bash bench/train_variants.sh recipe [NAME...]     (default: every variant below)
+# and at the full length of that run (34 min of optimisation; NAME+NAME combines variants),
+# scored with out/default3 itself as the first row, then on the evaluation sets (~12 min each):
+#   bash bench/train_variants.sh full NAME[+NAME...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = recipe ]; then
-    shift
-    SRC=out/default3 MIN=${MINUTES:-6}
+if [ "${1:-}" = recipe ] || [ "${1:-}" = full ]; then
+    MODE=$1; shift
+    SRC=out/default3 MIN=${MINUTES:-6} EVERY=0
+    [ $MODE = full ] && MIN=${MINUTES:-34} EVERY=100
     test -f $SRC/features/done.json || { echo "run the ShareGPT mix of docs/training.md first ($SRC)" >&2; exit 1; }
     # data flags identical to out/default3's, so its data/, data-fixed/ and features/ are reused
     M=".venv/bin/moa-cpp train --target smollm2 --prompts sharegpt --n-samples 3000 --data-minutes 5 \
-       --fixed-answers 1200 --epochs 10 --draft-vocab 8192 --eval-every 0 --outtype q8_0 --minutes $MIN"
+       --fixed-answers 1200 --epochs 10 --draft-vocab 8192 --eval-every $EVERY --outtype q8_0 --minutes $MIN"
     declare -A FLAGS=([base]="" [bucket]="--batching bucket" [t5]="--t-range 5 5" [t3-7]="--t-range 3 7"
                       [stair0]="--staircase-until 0" [lsa192]="--lsa-ffn 192" [lr1e-3]="--lr 1e-3"
                       [lr4e-3]="--lr 4e-3" [muon]="--optimizer muon")
     NAMES=("$@"); [ ${#NAMES[@]} -gt 0 ] || NAMES=(base bucket t5 stair0 lsa192)
-    RUNS=()
+    RUNS=(); [ $MODE = full ] && RUNS=($SRC)
     for name in "${NAMES[@]}"; do
-        out=out/recipe/$name; RUNS+=($out)
+        out=out/$MODE/$name; RUNS+=($out)
         test -f $out/report.json && { echo "$name: reusing $out"; continue; }
+        flags=""; for part in ${name//+/ }; do flags="$flags ${FLAGS[$part]?unknown variant $part}"; done
         mkdir -p $out
         for d in data data-fixed features; do ln -sfn "$(realpath $SRC/$d)" $out/$d; done
-        echo "$name: ${FLAGS[$name]}"
-        $M --out $out ${FLAGS[$name]} 2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|step/s" > $out/train.log
+        echo "$name:$flags"
+        $M --out $out $flags 2>&1 | tr '\r' '\n' | grep -v "%|" > $out/train.log
     done
-    .venv/bin/python bench/heldout_tau.py --heldout out/heldout/data "${RUNS[@]}" --out bench/results/issue12-recipe.json
+    .venv/bin/python bench/heldout_tau.py --heldout out/heldout/data "${RUNS[@]}" --out bench/results/issue12-$MODE.json
+    [ $MODE = full ] || exit 0
+    Q8=$(.venv/bin/python -c "from moa_cpp.models import smollm2_q8_0_path; print(smollm2_q8_0_path())")
+    for name in "${NAMES[@]}"; do
+        res=bench/results/issue12-full-${name//+/-}-q8_0-t2.json
+        test -f $res && continue
+        .venv/bin/python bench/run_eval.py -m "$Q8" -d out/full/$name/drafter.gguf --variants chain:4 tree:4,4,16 \
+            --skip pld default --prompts 10 --max-tokens 64 --threads 2 --name issue12-full-${name//+/-}-q8_0-t2 \
+            --out $res > out/full/$name/eval.txt 2>&1
+    done
     exit 0
 fi
 if [ "${1:-}" = datasource ]; then

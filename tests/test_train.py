@@ -683,6 +683,7 @@ def test_muon_optimizer_splits_params_and_resumes(fixture_dir: Path, tmp_path: P
     whole = trainer("whole")
     muon, adamw = whole.opt.opts
     assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert isinstance(muon, trainer_mod._MuonF32)          # bf16 off: orthogonalised in F32
     names = {id(p): n for n, p in whole.model.named_parameters()}
     in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
     in_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
@@ -712,3 +713,28 @@ def test_muon_optimizer_splits_params_and_resumes(fixture_dir: Path, tmp_path: P
         np.testing.assert_array_equal(resumed.model.hf_state_dict()[k].numpy(), v.numpy(), err_msg=k)
         if k != "d2t":
             assert not torch.equal(v, w0[k]) or "norm" in k, k   # every trained tensor moved
+
+
+def test_muon_f32_iteration_matches_torch() -> None:
+    """The F32 Newton-Schulz iteration (CPUs without bf16) is torch's bf16 one up to bf16 rounding,
+    for wide and tall matrices, and the patch is undone after a step."""
+    from torch.optim import _muon
+
+    from moa_cpp.train.trainer import _MuonF32, _newton_schulz_f32
+
+    g = torch.Generator().manual_seed(0)
+    for shape in [(48, 96), (96, 48)]:
+        x = torch.randn(shape, generator=g)
+        ours = _newton_schulz_f32(x, (3.4445, -4.775, 2.0315), 5, 1e-7)
+        ref = _muon._zeropower_via_newtonschulz(x, (3.4445, -4.775, 2.0315), 5, 1e-7).float()
+        assert ours.dtype == torch.float32 and ours.shape == x.shape
+        assert float((ours - ref).abs().max()) < 0.05 * float(ref.abs().max())
+        sv = torch.linalg.svdvals(ours)                     # orthogonalised: singular values ~U(0.5, 1.5)
+        assert 0.3 < float(sv.min()) and float(sv.max()) < 1.6
+    w = torch.nn.Parameter(torch.randn(8, 16, generator=g))
+    opt = _MuonF32([w], lr=0.1, adjust_lr_fn="match_rms_adamw")
+    w.grad = torch.randn(8, 16, generator=g)
+    before = w.detach().clone()
+    opt.step()
+    assert not torch.equal(w.detach(), before)
+    assert _muon._zeropower_via_newtonschulz is not _newton_schulz_f32
