@@ -11,7 +11,8 @@ Per step (teacher forcing, one forward over whole sequences):
 - AdamW beta (0.9, 0.95), weight decay 0, grad-norm clip 1.0; LR: linear warm-up to ``lr`` over
   ``min(50, 5 %)`` of the steps, then linear decay to ``lr / 20`` at the end (the paper's
   "zero-peak-constant" 0 -> 20x base -> base, with the decay stretched over the whole run because
-  our runs are a few epochs, not 40).
+  our runs are a few epochs, not 40). ``optimizer="muon"`` (``make_optimizer``) swaps AdamW for
+  Muon on the layers' 2-D weights, same LR schedule.
 
 Held-out acceptance estimate (``eval_acceptance``): on held-out greedy samples, with CA bounded at
 every 5th position (a chain-4 cycle: root + 4 drafts), the drafter's argmax at each row is
