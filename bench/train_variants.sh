@@ -28,9 +28,12 @@ if [ "${1:-}" = recipe ] || [ "${1:-}" = full ]; then
     SRC=out/default3 MIN=${MINUTES:-6} EVERY=0
     [ $MODE = full ] && MIN=${MINUTES:-34} EVERY=100
     test -f $SRC/features/done.json || { echo "run the ShareGPT mix of docs/training.md first ($SRC)" >&2; exit 1; }
-    # data flags identical to out/default3's, so its data/, data-fixed/ and features/ are reused
+    # data flags identical to out/default3's, so its data/, data-fixed/ and features/ are reused;
+    # base = the recipe these A/Bs were measured against (AdamW, LSA FFN 384; the defaults until
+    # the full-length lsa192+muon run made those the defaults), a variant's flags come after it
     M=".venv/bin/moa-cpp train --target smollm2 --prompts sharegpt --n-samples 3000 --data-minutes 5 \
-       --fixed-answers 1200 --epochs 10 --draft-vocab 8192 --eval-every $EVERY --outtype q8_0 --minutes $MIN"
+       --fixed-answers 1200 --epochs 10 --draft-vocab 8192 --eval-every $EVERY --outtype q8_0 --minutes $MIN \
+       --optimizer adamw --lsa-ffn 384"
     declare -A FLAGS=([base]="" [bucket]="--batching bucket" [t5]="--t-range 5 5" [t3-7]="--t-range 3 7"
                       [stair0]="--staircase-until 0" [lsa192]="--lsa-ffn 192" [lr1e-3]="--lr 1e-3"
                       [lr4e-3]="--lr 4e-3" [muon]="--optimizer muon")
@@ -58,7 +61,8 @@ if [ "${1:-}" = recipe ] || [ "${1:-}" = full ]; then
     exit 0
 fi
 if [ "${1:-}" = datasource ]; then
-    M=".venv/bin/moa-cpp train --target smollm2 --minutes 6 --epochs 10 --draft-vocab 8192 --eval-every 50 --outtype q8_0"
+    M=".venv/bin/moa-cpp train --target smollm2 --minutes 6 --epochs 10 --draft-vocab 8192 --eval-every 50 --outtype q8_0 \
+       --optimizer adamw --lsa-ffn 384"    # the recipe of the time
     $M --out out/ab-self --prompts sharegpt --n-samples 3000 --data-minutes 6 > out/ab-self.log 2>&1
     $M --out out/ab-fixed --n-samples 0 --fixed-answers 660 > out/ab-fixed.log 2>&1
     .venv/bin/moa-cpp train --target smollm2 --out out/heldout --prompts sharegpt --seed 7 --n-samples 64 \
@@ -79,7 +83,7 @@ run() {  # name, extra flags...
     ln -sfn "$(realpath $SRC/features)" $out/features
     # data flags identical to the default run, so its data/ and features/ are reused
     .venv/bin/moa-cpp train --target smollm2 --out $out --n-samples 900 --data-minutes 22 \
-        --steps "$STEPS" --eval-every 100 "$@" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|step/s" > $out/train.log
+        --steps "$STEPS" --eval-every 100 --optimizer adamw --lsa-ffn 384 "$@" 2>&1 | tr '\r' '\n' | grep -v "it/s\]$\|step/s" > $out/train.log
 }
 run tli0-v8192 --draft-vocab 8192
 run tli1-v8192 --draft-vocab 8192 --tli 1

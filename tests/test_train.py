@@ -534,6 +534,14 @@ def test_train_cli_rejects_bad_arguments(fixture_dir: Path, tmp_path: Path, args
     assert not (tmp_path / "run").exists()
 
 
+def test_train_cli_muon_needs_a_recent_torch(fixture_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch without ``torch.optim.Muon`` (< 2.9): ``--optimizer muon`` is refused up front."""
+    monkeypatch.delattr(torch.optim, "Muon")
+    test_train_cli_rejects_bad_arguments(fixture_dir, tmp_path, ["--optimizer", "muon"],
+                                         "--optimizer muon: needs torch >= 2.9", capsys)
+
+
 def test_minutes_budget_is_reestimated(fixture_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``minutes``: the step count follows the measured speed, not only the first 5 steps'. A fake
     clock: 3 s per step for 5 warm-up steps, then 1 s; a 60 s budget must end at ~60 s (the

@@ -64,9 +64,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=float, default=4.0, help="maximum passes over the data")
     p.add_argument("--batch-tokens", type=int, default=1024)
     p.add_argument("--lr", type=float, default=2e-3, help="peak LR (paper 6e-4; 2e-3 worked better for short CPU runs)")
-    p.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"],
-                   help="adamw (default), or muon: Muon for the drafter layers' 2-D weights, AdamW for "
-                        "the rest (torch >= 2.9; same --lr and schedule)")
+    p.add_argument("--optimizer", default="muon", choices=["adamw", "muon"],
+                   help="muon (default; torch >= 2.9): Muon for the drafter layers' 2-D weights, AdamW for "
+                        "the rest, same --lr and schedule; adamw: AdamW for all (see docs/training.md)")
     p.add_argument("--batching", default="random", choices=["random", "bucket"],
                    help="random: batches packed in shuffled order; bucket: samples of similar length "
                         "batched together (less padding; no faster on a 2-core CPU, see docs/training.md)")
@@ -97,7 +97,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "target's FFN width)")
     p.add_argument("--sa-ffn", type=int, default=1024)
     p.add_argument("--ca-ffn", type=int, default=1024)
-    p.add_argument("--lsa-ffn", type=int, default=384)
+    p.add_argument("--lsa-ffn", type=int, default=192,
+                   help="LSA FFN width (192: most of a training step is the LSA; 384 trained slower, docs/training.md)")
     p.add_argument("--features", default="cached", choices=["cached", "online"],
                    help="target features: computed once and cached in OUT/features (default; ~23 KB per token "
                         "for SmolLM2), or recomputed per batch (online: no cache, one target forward per step; "
@@ -178,6 +179,9 @@ def run_train(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"--staircase-until {args.staircase_until}: a fraction in [0, 1]")
     if args.draft_vocab < 0:
         raise InvalidArgumentError(f"--draft-vocab {args.draft_vocab}: must be >= 0 (0: whole vocabulary)")
+    if args.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
+        raise InvalidArgumentError(f"--optimizer muon: needs torch >= 2.9 (installed {torch.__version__}); "
+                                   "use --optimizer adamw")
     _check_prompt_specs(args)
     try:
         device = resolve_device(args.device)

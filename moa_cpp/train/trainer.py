@@ -208,19 +208,20 @@ def _newton_schulz_f32(grad: torch.Tensor, ns_coefficients: tuple[float, float, 
     return x.T if grad.size(0) > grad.size(1) else x
 
 
-class _MuonF32(torch.optim.Muon):
-    """Muon whose orthogonalisation runs in F32: torch's runs in bf16, which CPUs without bf16
-    instructions emulate (measured on the 2-core AVX2 EPYC: a 1024-token step 40 s instead of 3 s).
-    Used when training runs without bf16 (``--bf16 auto`` on such a CPU)."""
+if hasattr(torch.optim, "Muon"):   # torch >= 2.9 (older ones still train with AdamW)
+    class _MuonF32(torch.optim.Muon):
+        """Muon whose orthogonalisation runs in F32: torch's runs in bf16, which CPUs without bf16
+        instructions emulate (measured on the 2-core AVX2 EPYC: a 1024-token step 40 s instead of
+        3 s). Used when training runs without bf16 (``--bf16 auto`` on such a CPU)."""
 
-    def step(self, closure=None):  # noqa: D102
-        from torch.optim import _muon
+        def step(self, closure=None):  # noqa: D102
+            from torch.optim import _muon
 
-        orig, _muon._zeropower_via_newtonschulz = _muon._zeropower_via_newtonschulz, _newton_schulz_f32
-        try:
-            return super().step(closure)
-        finally:
-            _muon._zeropower_via_newtonschulz = orig
+            orig, _muon._zeropower_via_newtonschulz = _muon._zeropower_via_newtonschulz, _newton_schulz_f32
+            try:
+                return super().step(closure)
+            finally:
+                _muon._zeropower_via_newtonschulz = orig
 
 
 class FeatureStore:
