@@ -57,6 +57,11 @@ def test_gpu_recipe_dry_run(tmp_path: Path) -> None:
     from moa_cpp.models import smollm2_path
 
     m = DrafterModel(sm["gguf"], smollm2_path(), device="cpu", n_threads=1)   # the native engine loads it
+    # the held-out per-depth acceptance travels into the GGUF (the auto policy's prior); a run whose
+    # summary kept only tau once shipped a drafter without it
+    from gguf import GGUFReader
+    acc = GGUFReader(sm["gguf"]).fields["moa.eval.acceptance"].contents()
+    assert len(acc) == 4 and all(0.0 <= a <= 1.0 for a in acc), acc
     assert m.n_vocab == 512 and len(m.d2t()) == 512 and m.n_target_vocab == 49152
     m.close()
     if qpath is not None:

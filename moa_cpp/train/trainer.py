@@ -678,7 +678,8 @@ class Trainer:
             if (s.eval_every and self.step % s.eval_every == 0) or self.step == self.total:
                 ev = self.evaluate()
                 self.history.append({"step": self.step, "tokens": tokens_seen, **parts, **ev})
-                last["tau"] = ev["tau"]
+                # the held-out tau and per-depth acceptance: `moa-cpp train` records acc@k in the GGUF
+                last.update({k2: v for k2, v in ev.items() if k2 == "tau" or k2.startswith("acc@")})
             if self.step % s.ckpt_every == 0 or self.step == self.total:
                 self.save_checkpoint()
             bar.set_postfix({k2: f"{v:.3g}" for k2, v in last.items() if k2 in ("loss", "ce", "feat", "lr", "tau")})
