@@ -746,3 +746,25 @@ def test_muon_f32_iteration_matches_torch() -> None:
     opt.step()
     assert not torch.equal(w.detach(), before)
     assert _muon._zeropower_via_newtonschulz is not _newton_schulz_f32
+
+
+def test_compare_eval_paired_interval() -> None:
+    """bench/compare_eval.py: a drafter against itself differs by 0; one whose tau is higher by
+    0.1 on every prompt differs by 0.1 exactly; independent noise gives an interval around 0.
+    Prompts only one file has are left out."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from compare_eval import paired, per_prompt_tau
+
+    rng = np.random.default_rng(0)
+    recs = [{"set": s, "q": q, "moa chain:4": {"tau": float(t)}}
+            for (s, q), t in zip([(s, q) for s in ("a", "b") for q in range(30)], rng.uniform(1.0, 2.0, 60))]
+    a = per_prompt_tau({"records": recs}, "moa chain:4")
+    assert len(a) == 60 and paired(a, a)["diff_ci95"] == [0.0, 0.0]
+    up = {k: v + 0.1 for k, v in a.items()} | {("c", 0): 9.0}
+    c = paired(a, up)
+    assert c["prompts"] == 60 and c["diff"] == pytest.approx(0.1) and c["diff_ci95"] == pytest.approx([0.1, 0.1])
+    noise = {k: v + rng.normal(0, 0.2) for k, v in a.items()}
+    lo, hi = paired(a, noise)["diff_ci95"]
+    assert lo < 0 < hi and hi - lo < 0.25
