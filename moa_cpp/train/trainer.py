@@ -114,7 +114,7 @@ class TrainSettings:
     min_lr_ratio: float = 0.05          # final LR = lr * ratio (paper: base = peak / 20)
     warmup: int = 50                    # paper: 50 steps; capped at 5 % of the run
     weight_decay: float = 0.0
-    optimizer: str = "adamw"            # "adamw", or "muon": Muon for the layers' 2-D weights, AdamW for the rest
+    optimizer: str = "adamw"            # or "muon" (`moa-cpp train`'s default): Muon for the layers' 2-D weights
     clip: float = 1.0
     ce_weight: float = 0.1
     t_min: int = 6
