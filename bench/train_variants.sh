@@ -21,6 +21,7 @@
 # and at the full length of that run (34 min of optimisation; NAME+NAME combines variants),
 # scored with out/default3 itself as the first row, then on the evaluation sets (~12 min each):
 #   bash bench/train_variants.sh full NAME[+NAME...]
+# (REPORT=name writes bench/results/name.{json,md,png} instead of issue12-recipe / issue12-full)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = recipe ] || [ "${1:-}" = full ]; then
@@ -48,7 +49,7 @@ if [ "${1:-}" = recipe ] || [ "${1:-}" = full ]; then
         echo "$name:$flags"
         $M --out $out $flags 2>&1 | tr '\r' '\n' | grep -v "%|" > $out/train.log
     done
-    .venv/bin/python bench/heldout_tau.py --heldout out/heldout/data "${RUNS[@]}" --out bench/results/issue12-$MODE.json
+    .venv/bin/python bench/heldout_tau.py --heldout out/heldout/data "${RUNS[@]}" --out bench/results/${REPORT:-issue12-$MODE}.json
     [ $MODE = full ] || exit 0
     Q8=$(.venv/bin/python -c "from moa_cpp.models import smollm2_q8_0_path; print(smollm2_q8_0_path())")
     for name in "${NAMES[@]}"; do
