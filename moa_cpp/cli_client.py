@@ -33,6 +33,7 @@ def add_client_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true", help="never stop at an end-of-generation token")
     p.add_argument("--ca-dtype", default="f16", choices=["f16", "q8_0", "f32"], help="CA K/V on the wire")
     p.add_argument("--max-unverified", type=positive, default=128,
                    help="tokens drafted alone while the server is away (default 128)")
@@ -116,7 +117,7 @@ def run_client(args: argparse.Namespace) -> int:
     on_event = None if args.json else _Renderer(gen.vocab, tty)
     try:
         r = gen.generate(prompt, max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
-                         top_p=args.top_p, seed=args.seed, on_event=on_event)
+                         top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos, on_event=on_event)
     except RemoteError as e:
         said = f"the server answered {e.status} {e.kind}: " if e.status else ""
         print(f"moa-cpp client: error: {said}{e}", file=sys.stderr)

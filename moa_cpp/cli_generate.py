@@ -38,6 +38,8 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--n-predict", "--max-tokens", dest="max_tokens", type=_positive, default=256,
                    help="max new tokens (default 256)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="never stop at an end-of-generation token: run to -n or the end of the context")
     p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=_positive, default=4096,
                    help="context size (default 4096)")
     p.add_argument("-t", "--threads", type=_positive, default=None, help="CPU threads (default: all)")
@@ -86,7 +88,7 @@ def run_generate(args: argparse.Namespace) -> int:
                                           n_gpu_layers=ngl, device=args.device, draft=draft,
                                           draft_model=draft_model, rpc=rpc)
     kw = dict(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-              seed=args.seed, stop=args.stop, chat=args.chat)
+              seed=args.seed, stop=args.stop, chat=args.chat, ignore_eos=args.ignore_eos)
     if args.json:
         r = gen.generate(args.prompt, **kw)
         st = r.stats

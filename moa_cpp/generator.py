@@ -167,11 +167,12 @@ class SpeculativeGenerator:
 
     def stream_tokens(self, prompt: Prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                       top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (), chat: bool = False,
-                      draft: Union[str, DraftConfig, None] = None) -> Iterator[tuple[list, str]]:
+                      draft: Union[str, DraftConfig, None] = None,
+                      ignore_eos: bool = False) -> Iterator[tuple[list, str]]:
         """Yield ``(new token ids, new text)`` per cycle; stats in :attr:`last_stats`."""
         ids = self.encode(prompt, chat)
         self._last_prompt = ids
-        sp = SamplingParams(temperature, top_k, top_p, seed)
+        sp = SamplingParams(temperature, top_k, top_p, seed, ignore_eos=bool(ignore_eos))
         cfg = parse_draft(draft) if draft is not None and self.proposer is not None else None
         stop = [s for s in stop if s]
         shown = 0          # characters of the text handed out so far
@@ -208,7 +209,7 @@ class SpeculativeGenerator:
 
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (), chat: bool = False,
-                 draft: Union[str, DraftConfig, None] = None) -> GenerationResult:
+                 draft: Union[str, DraftConfig, None] = None, ignore_eos: bool = False) -> GenerationResult:
         """Generate up to ``max_tokens`` tokens.
 
         Args:
@@ -218,11 +219,14 @@ class SpeculativeGenerator:
             stop: stop strings (the text is cut before the first one).
             chat: wrap the prompt in the target GGUF's chat template.
             draft: per-call override, e.g. "chain:5" or "tree:6,8,62".
+            ignore_eos: never stop at an end-of-generation token (llama.cpp's ``--ignore-eos``):
+                run to ``max_tokens`` or the end of the context.
         """
         tokens: list = []
         pieces: list = []
         for toks, piece in self.stream_tokens(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                                              top_p=top_p, seed=seed, stop=stop, chat=chat, draft=draft):
+                                              top_p=top_p, seed=seed, stop=stop, chat=chat, draft=draft,
+                                              ignore_eos=ignore_eos):
             tokens += toks
             pieces.append(piece)
         st = self.last_stats
@@ -231,13 +235,14 @@ class SpeculativeGenerator:
 
     def create_completion(self, prompt: Prompt, max_tokens: int = 16, temperature: float = 0.8, top_p: float = 0.95,
                           top_k: int = 40, stop: Union[str, Sequence[str], None] = None, seed: Optional[int] = None,
-                          stream: bool = False, **_: Any) -> Any:
+                          stream: bool = False, ignore_eos: bool = False, **_: Any) -> Any:
         """Like ``llama_cpp.Llama.create_completion`` (same defaults and response shape); the
         response also carries ``"moa"``: the speculative statistics."""
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         model = str(self.target.path)
-        kw = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stops)
+        kw = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stops,
+                  ignore_eos=ignore_eos)
         if stream:
             def chunks():
                 for _, piece in self.stream_tokens(prompt, **kw):

@@ -154,6 +154,7 @@ class Target:
         self._cap = None
         self._max_exact_rows: Optional[int] = None   # declared by a caller (overrides measuring)
         self._exact_known: dict = {}                   # upto -> measured exact rows
+        self._eog_tokens: Optional[np.ndarray] = None  # read on first use (eog_tokens)
         self._logits_types: dict = {}
         self.path = path
         self.flash_attn = bool(flash_attn)
@@ -430,6 +431,14 @@ class Target:
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, EOT, ...)."""
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, int(token)))
+
+    @property
+    def eog_tokens(self) -> np.ndarray:
+        """Every end-of-generation token id (int64, sorted), read once from the vocabulary."""
+        if self._eog_tokens is None:
+            is_eog = llama_cpp.llama_vocab_is_eog
+            self._eog_tokens = np.array([t for t in range(self.n_vocab) if is_eog(self._vocab, t)], np.int64)
+        return self._eog_tokens
 
     @property
     def context(self) -> Any:

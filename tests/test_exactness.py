@@ -1,10 +1,11 @@
 """Exact verification batch size (moa_cpp.exactness): the largest b whose every row equals a
 single-token decode bit for bit.
 
-Measured on this CPU: SmolLM2-135M Q4_1 is exact up to 63 rows (flash attention); Qwen2.5-Coder
-0.5B Q4_K_M with llama.cpp's weight repacking only up to 3 rows (4+ rows go through the repacked
-Q4_K GEMM). The Qwen test checks the measured value independently, on its own text, with plain
-Target.decode calls: b rows bit-identical, b + 1 rows not.
+Measured on the 2-core EPYCs here (AVX2 and AVX-512): SmolLM2-135M Q4_1 is exact up to 63 rows
+(flash attention); Qwen2.5-Coder-0.5B Q4_K_M with llama.cpp's weight repacking only up to 3 rows
+(4+ rows go through the repacked Q4_K GEMM). Those values are kernel properties of a CPU, not
+asserted: each test checks the value measured here independently, on its own text, with plain
+Target.decode calls (b rows bit-identical; the reported first failure reproduces).
 
 One thread: the result does not depend on the thread count (measured: same values and
 differences with 1 and 2 threads), and on a busy 2-core machine two llama.cpp threads wait on
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 from moa_cpp import exactness, models
-from moa_cpp.exactness import cached_exact_rows, exact_rows, measure_exact_rows
+from moa_cpp.exactness import batch_row_diffs, cached_exact_rows, exact_rows, measure_exact_rows
 from moa_cpp.target import Target
 
 
@@ -42,14 +43,6 @@ def qwen05(qwen05b_path):
     t.close()
 
 
-@pytest.mark.model
-def test_smollm2_q4_1_is_exact_to_many_rows(smollm2):
-    info: dict = {}
-    r = measure_exact_rows(smollm2, max_rows=63, n_texts=1, details=info)
-    assert r >= 16, info            # measured: 63 (every size tested is bit-identical)
-    assert smollm2.n_past == 0      # the KV cache is left empty
-
-
 def _own_window(target, prefix, n):
     text = ("Q: How do I reverse a list in Python?\nA: Use slicing, xs[::-1], which returns a new list, "
             "or xs.reverse(), which reverses the list in place and returns None. For any iterable, "
@@ -71,37 +64,68 @@ def _batch_vs_single(target, ctx, rows):
     return all(np.array_equal(batch[i], single[i]) for i in range(len(rows)))
 
 
+def _check_measurement(target, r, info, max_rows):
+    """What the loop relies on, checked independently of the measurement's own windows: r-row
+    batches are bit-identical on another text; and the first failure the search reported is
+    real (the same r + 1-row batch, decoded again, differs), unless every size was exact."""
+    if r < 2:
+        pytest.skip(f"measured on this CPU: no multi-row batch is bit-identical to one-token decodes ({info}); "
+                    "the loop then verifies in full batches and the lossless tests count near-ties")
+    assert r <= max_rows, info
+    n = min(r, 16)                  # the text's length bounds the independent check
+    ok_r = [_batch_vs_single(target, *_own_window(target, p, n)) for p in (10, 30)]
+    assert all(ok_r), f"a {n}-row batch is not bit-identical to single-token decodes ({info})"
+    if r < max_rows:
+        assert info["first_failure"] == r + 1, info
+        assert batch_row_diffs(target, r + 1, window=info["window"]).max() > 0, info
+    else:
+        assert info["first_failure"] is None, info
+
+
 @pytest.mark.model
-def test_qwen05_q4_k_m_exact_rows_is_small_and_right(qwen05):
+def test_smollm2_q4_1_exact_rows_measured_right(smollm2):
+    """SmolLM2 Q4_1 with flash attention: measured 63 (every size exact) on AVX2 and AVX-512
+    EPYCs. What is asserted is that the measurement is right, whatever this CPU's kernels give;
+    the lossless tests then use the measured size."""
+    info: dict = {}
+    r = measure_exact_rows(smollm2, max_rows=63, n_texts=1, details=info)
+    assert smollm2.n_past == 0      # the KV cache is left empty
+    print(f"\n[exactness] SmolLM2 Q4_1: exact up to {r} rows ({info})")
+    _check_measurement(smollm2, r, info, 63)
+
+
+@pytest.mark.model
+def test_qwen05_q4_k_m_exact_rows_measured_right(qwen05):
+    """Qwen2.5-Coder-0.5B Q4_K_M with repacking: measured 3 on AVX2 (7 without repacking): 4+
+    rows go through the repacked Q4_K GEMM."""
     info: dict = {}
     r = measure_exact_rows(qwen05, max_rows=16, details=info)
-    assert 1 <= r < 16, info        # measured: 3 with repacking (the default), 7 without
-    assert info["first_failure"] == r + 1
-    ok_r = [_batch_vs_single(qwen05, *_own_window(qwen05, p, r)) for p in (10, 30)]
-    ok_r1 = [_batch_vs_single(qwen05, *_own_window(qwen05, p, r + 1)) for p in (10, 30)]
-    assert all(ok_r), f"a {r}-row batch is not bit-identical to single-token decodes"
-    assert not all(ok_r1), f"a {r + 1}-row batch was bit-identical on both windows: {r} is too small"
+    print(f"\n[exactness] Qwen2.5-Coder-0.5B Q4_K_M: exact up to {r} rows ({info})")
+    _check_measurement(qwen05, r, info, 16)
 
 
 @pytest.mark.model
 def test_cache_hit_needs_no_decode(smollm2, tmp_path, monkeypatch):
     monkeypatch.setenv("MOA_CPP_CACHE", str(tmp_path))
     assert cached_exact_rows(smollm2, 8) is None
-    r = exact_rows(smollm2, max_rows=8)
-    assert r == 8                   # SmolLM2 Q4_1: every size up to 8 is exact
+    r = exact_rows(smollm2, max_rows=8)       # measured: 8 (every size) on the EPYCs here
     data = json.loads((tmp_path / "exact_rows.json").read_text())
     (key, entry), = data.items()
-    assert key == exactness.cache_key(smollm2) and entry["exact_rows"] == 8 and entry["max_rows"] == 8
+    assert key == exactness.cache_key(smollm2) and entry["exact_rows"] == r and entry["max_rows"] == 8
 
     def no_decode(*a, **k):
         raise AssertionError("decoded on a cache hit")
 
     monkeypatch.setattr(smollm2, "decode", no_decode)
-    assert exact_rows(smollm2, max_rows=8) == 8
-    assert exact_rows(smollm2, max_rows=4) == 4
-    # a larger range than the one cached as exact throughout must be measured
-    with pytest.raises(AssertionError, match="decoded on a cache hit"):
-        exact_rows(smollm2, max_rows=16)
+    assert exact_rows(smollm2, max_rows=8) == r
+    assert exact_rows(smollm2, max_rows=4) == min(r, 4)
+    if r == 8:
+        # a larger range than the one cached as exact throughout must be measured
+        with pytest.raises(AssertionError, match="decoded on a cache hit"):
+            exact_rows(smollm2, max_rows=16)
+    else:
+        # a failure inside the cached range answers any larger range
+        assert exact_rows(smollm2, max_rows=16) == r
     monkeypatch.undo()
     # the key tells the repacking setting apart
     other = Target.from_path(models.smollm2_path(), n_ctx=512, n_threads=1, install_callback=False, repack=False)

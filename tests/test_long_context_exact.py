@@ -9,9 +9,11 @@ exactly llama.cpp's 1-thread greedy decoding; against multi-threaded plain decod
 where two tokens are within that margin (a near-tie), as multi-threaded plain decoding differs
 from 1-thread plain decoding itself.
 
-These tests pin that down: the row property, and local and remote speculative greedy on a
-~770-token chat prompt (an eval-set summarization prompt, on which 2-thread plain decoding flips
-a near-tie at token 16) equal to 1-thread plain greedy decoding, token for token.
+These tests pin that down: local and remote speculative greedy on a ~770-token chat prompt (an
+eval-set summarization prompt, on which 2-thread plain decoding flips a near-tie at token 16)
+equal to 1-thread plain greedy decoding, token for token. The row property they rest on is a
+property of the CPU's kernels (it holds on the AVX2 and AVX-512 EPYCs here): it is measured first
+(``row_property``) and the tests skip, with the measured differences, where it does not hold.
 """
 from __future__ import annotations
 
@@ -48,7 +50,10 @@ def plain_1thread(long_prompt):
     return toks
 
 
-def test_batch_rows_equal_one_thread_decodes_at_long_context():
+@pytest.fixture(scope="module")
+def row_property() -> dict:
+    """Measured on this CPU: at a 772-token context, do the rows of a 4-row batch equal
+    one-token decodes of a 1-thread context bit for bit, with 1 and with 2 threads?"""
     from moa_cpp import defaults
     from moa_cpp.target import Target
     t1 = Target.from_path(defaults.default_target(), n_ctx=2048, n_threads=1)
@@ -65,12 +70,22 @@ def test_batch_rows_equal_one_thread_decodes_at_long_context():
                                                    logits="all")[-1] for i in range(4)])
         t.rollback(n)
         rows["batch" + name] = np.array(t.decode(ids[n: n + 4], np.arange(n, n + 4, dtype=np.int32), logits="all"))
-    assert np.array_equal(rows["batch1"], rows["single1"])
-    assert np.array_equal(rows["batch2"], rows["single1"])       # any thread count: the 1-thread values
-    print("2-thread one-token decode vs 1-thread:", float(np.abs(rows["single2"] - rows["single1"]).max()))
+    t2.close()
+    t1.close()
+    d = {k: float(np.abs(rows[k] - rows["single1"]).max()) for k in ("batch1", "batch2", "single2")}
+    print("\n[long context] max |x - 1-thread one-token decode|:", d)
+    return d
 
 
-def test_local_speculative_equals_one_thread_plain(long_prompt, plain_1thread):
+def _needs_row_property(d: dict) -> None:
+    if d["batch1"] or d["batch2"]:
+        pytest.skip(f"measured on this CPU at 772 tokens: batch rows differ from 1-thread one-token decodes "
+                    f"(1 thread {d['batch1']:.3g}, 2 threads {d['batch2']:.3g}), so speculative greedy is "
+                    f"not 1-thread plain greedy here by construction")
+
+
+def test_local_speculative_equals_one_thread_plain(long_prompt, plain_1thread, row_property):
+    _needs_row_property(row_property)
     from moa_cpp import SpeculativeGenerator, defaults
     g = SpeculativeGenerator.from_paths(defaults.default_target(), defaults.default_drafter(), draft="chain:4",
                                         n_threads=2)
@@ -80,7 +95,8 @@ def test_local_speculative_equals_one_thread_plain(long_prompt, plain_1thread):
     assert r.tokens == plain_1thread
 
 
-def test_remote_equals_one_thread_plain(long_prompt, plain_1thread):
+def test_remote_equals_one_thread_plain(long_prompt, plain_1thread, row_property):
+    _needs_row_property(row_property)
     pytest.importorskip("msgpack")
     from moa_cpp import defaults
     from moa_cpp.remote.client import RemoteGenerator

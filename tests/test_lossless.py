@@ -2,15 +2,17 @@
 
 Targets: SmolLM2-135M-Instruct Q4_1 (as shipped), a Q8_0 re-quantization of it, Gemma-3-270M
 Q4_K_M. With flash attention (the Target default) SmolLM2's logits in batches are bit-identical
-to single-token logits on this CPU (measured in ``test_batch_noise``), so its greedy speculative
-output must equal plain greedy output exactly. Gemma-3's batch and single-token logits differ
-(up to ~1.5 measured): there a divergence is accepted only as a near-tie — the plain run's
-top-2 margin at the divergent step is below the measured batch noise — and every one is counted
-and reported, never hidden.
+to single-token logits up to a batch size measured per model on this CPU (63 rows on the EPYCs
+here; ``test_batch_noise``), so its greedy speculative output must equal plain greedy output
+exactly. Gemma-3's batch and single-token logits differ: there a divergence is accepted only as
+a near-tie — plain decoding prefers its own token over the emitted one, in its own row, by no
+more than the measured batch noise (the most such a gap moves between a one-token decode and a
+batch row) — and every one is counted and reported, never hidden.
 
 Drafters: a random MoA drafter (drafts are mostly rejected: rejection at the root) and an
-oracle proposer offering the target's own greedy continuation with planted errors (long
-accepted runs, partial acceptance, EOS inside an accepted run). Every emitted token is also
+oracle proposer offering the target's own greedy continuation with planted errors drawn from
+the target's own runners-up (long accepted runs, partial acceptance, EOS inside an accepted
+run). Every case asserts that drafts were verified. Every emitted token is also
 checked to be the arg-max of the target's logits in its own verification batch.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ from moa_cpp import models
 from moa_cpp.drafter import DrafterModel, DrafterState
 from moa_cpp.random_drafter import make_random_drafter
 from moa_cpp.speculative.loop import SpeculativeLoop
-from moa_cpp.testing.oracle import OracleProposer
+from moa_cpp.testing.oracle import OracleProposer, runners_up
 from moa_cpp.speculative.proposer import MoAProposer
 from moa_cpp.speculative.types import DraftConfig
 from moa_cpp.speculative.types import SamplingParams
@@ -53,22 +55,31 @@ SMALL_TREE = DraftConfig("tree", depth=3, topk=3, total=10)
 PAPER_TREE = DraftConfig("tree", depth=6, topk=8, total=62)
 
 
-def batch_noise(target, ids, steps=40, sizes=(2, 8)):
-    """Max |single-token logits - same row in a batch of 2 / 8 (or ``sizes``)| along a greedy
-    continuation."""
+def batch_noise(target, ids, steps=40, sizes=(2, 8), absolute=False):
+    """The most a gap between two logits of one row moves between a single-token decode and the
+    same row in a batch of 2 / 8 (or ``sizes``) rows, along a greedy continuation: max over rows
+    of max(d) - min(d), d = batch row - single row. A speculative token t that beat plain
+    decoding's choice r in its batch row has plain gap logit[r] - logit[t] at most this.
+    ``absolute``: max |d| instead (how far one logit moves)."""
     target.clear()
     lg = target.decode(ids, capture=False)
     x, n, worst = int(lg[-1].argmax()), len(ids), 0.0
     for _ in range(steps):
-        s1 = target.decode([x], [n], capture=False)[0].copy()
+        s1 = target.decode([x], [n], capture=False)[0].astype(np.float64)
         target.rollback(n)
         for k in sizes:
-            sk = target.decode([x] + [7] * (k - 1), list(range(n, n + k)), capture=False)[0]
+            d = target.decode([x] + [7] * (k - 1), list(range(n, n + k)), capture=False)[0] - s1
             target.rollback(n)
-            worst = max(worst, float(np.abs(s1 - sk).max()))
+            worst = max(worst, float(np.abs(d).max() if absolute else d.max() - d.min()))
         target.decode([x], [n], capture=False)
         x, n = int(s1.argmax()), n + 1
     return worst
+
+
+def emitted_gap(row, ref_tok, tok):
+    """Plain decoding's own preference for its token over the speculative one at a divergence."""
+    row = np.asarray(row, np.float64)
+    return float(row[ref_tok] - row[tok])
 
 
 class Ctx:
@@ -101,11 +112,15 @@ class Ctx:
             toks, st = run(plain, ids)
             self.refs.append((toks, st))
             self.ref_logits.append(rows)   # rows[i] produced generated token i + 1
-        self.noise = batch_noise(self.target, self.prompts[0],
-                                 sizes=(2, min(8, self.exact_rows)) if self.exact else (2, 8))
+        # exact targets: re-checked on generated text (must be 0); others: the batch sizes the
+        # tests verify with (chains up to 6 rows, the small tree 11, the paper tree up to 63)
+        self.noise = batch_noise(self.target, self.prompts[0], sizes=(2, min(8, self.exact_rows))) if self.exact \
+            else batch_noise(self.target, self.prompts[0], steps=12, sizes=(2, 6, 11, 63))
 
     def check(self, i, toks, label, max_tokens=MAX_TOKENS):
-        """Exact match, or (non-exact targets) a counted near-tie divergence."""
+        """Exact match, or (non-exact targets) a counted near-tie divergence: plain decoding's
+        gap between its own token and the emitted one, in its own row, is within the measured
+        batch noise (the most such a gap moves between a single decode and a batch row)."""
         ref = self.refs[i][0][:max_tokens]
         if toks == ref:
             return
@@ -113,11 +128,13 @@ class Ctx:
         j = next((k for k in range(min(len(toks), len(ref))) if toks[k] != ref[k]), min(len(toks), len(ref)))
         assert j >= 1 and j < len(ref), f"{self.name} {label}: prompt {i} differs in length only"
         row = self.ref_logits[i][j - 1]
-        top2 = np.sort(row)[-2:]
-        margin = float(top2[1] - top2[0])
-        assert margin <= self.noise, (f"{self.name} {label}: prompt {i} diverged at token {j} with top-2 margin "
-                                      f"{margin:.3f} > measured batch noise {self.noise:.3f}")
-        self.divergences.append((label, i, j, margin))
+        if j < len(toks):
+            gap = emitted_gap(row, ref[j], toks[j])
+        else:                                  # the speculative run stopped: it emitted EOG there
+            gap = float(np.max(row) - np.max(np.asarray(row)[self.target.eog_tokens]))
+        assert gap <= self.noise, (f"{self.name} {label}: prompt {i} diverged at token {j}: plain decoding "
+                                   f"prefers its token by {gap:.3f} > measured batch noise {self.noise:.3f}")
+        self.divergences.append((label, i, j, gap))
 
 def run(loop, ids, cfg=None, max_tokens=MAX_TOKENS):
     toks, stats = [], None
@@ -132,6 +149,7 @@ class Checker:
 
     def __init__(self):
         self.cycles = 0
+        self.drafted = 0               # draft nodes verified (a lossless case that drafts nothing proves nothing)
         self.events = Counter()
 
     def __call__(self, pos, root, proposal, scores, verdict):
@@ -143,6 +161,7 @@ class Checker:
             row = node + 1
         assert verdict.bonus == int(am[row])
         self.cycles += 1
+        self.drafted += proposal.n
         depth = int(proposal.depths.max()) if proposal.n else 0
         a = verdict.n_accepted
         self.events["root_rejected" if a == 0 else ("full" if a == depth else "partial")] += 1
@@ -163,14 +182,16 @@ def ctx(request, tmp_path_factory):
 
 
 def test_batch_noise(ctx):
-    """Measured: batch rows up to the target's exact size equal single-token decodes bit for bit
-    (so exact tests apply); SmolLM2 is exact up to 63 rows."""
-    if ctx.name.startswith("smollm2"):
-        assert ctx.target.max_exact_rows == 63
+    """Measured per model on this CPU (``Target.max_exact_rows``), not assumed: on a target with
+    an exact batch size, batch rows up to it equal single-token decodes bit for bit along a
+    greedy continuation too (the lossless tests below then demand identical output); on the
+    others the noise is what near-ties are allowed. SmolLM2 Q4_1 / Q8_0 measured 63 rows exact
+    on the AVX2 and AVX-512 EPYCs here, Gemma-3 Q4_K_M none."""
+    print(f"\n[lossless] {ctx.name}: exact batch rows {ctx.exact_rows}, batch noise {ctx.noise:.4f}")
     if ctx.exact:
         assert ctx.noise == 0.0
     else:
-        assert ctx.noise < 5.0
+        assert ctx.noise > 0.0          # else a 2+ row batch would have been measured exact
 
 
 def _configs(name):
@@ -204,7 +225,7 @@ def test_random_drafter_lossless(ctx, cfg):
     for i, ids in enumerate(ctx.prompts):
         toks, _ = run(loop, ids, cfg)
         ctx.check(i, toks, f"random {cfg.mode}")
-    assert chk.cycles > 0 and chk.events["root_rejected"] > 0
+    assert chk.drafted > 0 and chk.events["root_rejected"] > 0
 
 
 def test_random_drafter_paper_tree_lossless(ctx):
@@ -216,17 +237,21 @@ def test_random_drafter_paper_tree_lossless(ctx):
     for i in idx:
         toks, _ = run(loop, ctx.prompts[i], PAPER_TREE, max_tokens=12)
         ctx.check(i, toks, "random tree6,8,62", max_tokens=12)
+    assert chk.drafted > 0
 
 
 @pytest.mark.parametrize("rate", [0.5, 0.9, 1.0])
 def test_oracle_lossless(ctx, rate):
-    """Drafts that are often right: long accepted runs, partial acceptance, EOS inside runs."""
+    """Drafts that are often right: long accepted runs, partial acceptance, EOS inside runs. The
+    oracle's mistakes are the target's own runners-up at that step (its top 4 without the right
+    token): a verifier that accepted a second choice would be caught here."""
     chk = Checker()
     eos_inside = 0
     for cfg in [DraftConfig("chain", chain=k) for k in CHAINS] + [SMALL_TREE, PAPER_TREE]:
         for i, (ids, (ref, st)) in enumerate(zip(ctx.prompts, ctx.refs)):
             reference = ref + ([st.eog_token] if st.finish_reason == "stop" else [])
-            prop = OracleProposer(reference, len(ids), rate, ctx.target.n_vocab, cfg, seed=i)
+            prop = OracleProposer(reference, len(ids), rate, ctx.target.n_vocab, cfg, seed=i,
+                                  alternatives=runners_up(ctx.ref_logits[i]))
             loop = SpeculativeLoop(ctx.target, prop, cfg)
 
             def hook(pos, root, proposal, scores, verdict, _ref=reference, _p=len(ids)):
@@ -237,7 +262,7 @@ def test_oracle_lossless(ctx, rate):
             loop.on_cycle = hook
             toks, _ = run(loop, ids, cfg)
             ctx.check(i, toks, f"oracle {rate} {cfg.mode}")
-    assert chk.events["full"] > 0
+    assert chk.drafted > 0 and chk.events["full"] > 0
     if rate < 1.0:
         assert chk.events["partial"] > 0 and chk.events["root_rejected"] > 0
     if rate == 1.0 and any(st.finish_reason == "stop" for _, st in ctx.refs):
@@ -303,10 +328,8 @@ def test_drafter_state_does_not_drift(ctx):
             single.decode([seq[p]], [p], capture=False)
         assert np.array_equal(single.decode([nxt], [n_ca], capture=False)[0], last_loop)
         single.close()
-        assert diff <= 5.0                     # vs the one big batch: its noise, not a drift
     else:
-        noise = ctx.noise if not ctx.exact else batch_noise(ctx.target, ctx.prompts[0],
-                                                            sizes=(2, 8, min(len(seq), 64)))
+        noise = batch_noise(ctx.target, ctx.prompts[0], steps=12, sizes=(2, 8, min(len(seq), 63)), absolute=True)
         assert diff <= noise, f"target drift {diff:.3f} above the measured batch noise {noise:.3f}"
 
 
@@ -314,8 +337,9 @@ def test_long_context_near_ties_counted(tmp_path):
     """Beyond 256 cached tokens, llama.cpp's 2-thread flash attention splits a single query's
     KV across threads (measured: single-token logits then differ from batch rows by up to ~0.8
     on SmolLM2; with 1 thread they stay bit-identical). Speculative greedy output may therefore
-    leave plain decoding there only at a near-tie: every divergence must have a plain top-2
-    margin below the measured batch noise, and is counted (printed), never hidden."""
+    leave plain decoding there only at a near-tie: at every divergence plain decoding's gap
+    between its token and the emitted one must be within the measured batch noise (the most a
+    gap moves between a single decode and a batch row), and is counted (printed), never hidden."""
     try:
         path = models.smollm2_path()
     except models.ModelNotInstalledError as e:
@@ -334,7 +358,8 @@ def test_long_context_near_ties_counted(tmp_path):
         target.rollback(n)
         s4 = target.decode([x, 7, 7, 7], list(range(n, n + 4)), capture=False)[0]
         target.rollback(n)
-        noise = max(noise, float(np.abs(s1 - s4).max()))
+        d = s4.astype(np.float64) - s1
+        noise = max(noise, float(d.max() - d.min()))
         target.decode([x], [n], capture=False)
         x, n = int(s1.argmax()), n + 1
     plain = SpeculativeLoop(target, None, DraftConfig("none"))
@@ -345,16 +370,18 @@ def test_long_context_near_ties_counted(tmp_path):
     divergences = []
     for rate in (0.6, 0.9):
         cfg = DraftConfig("chain", chain=4)
-        loop = SpeculativeLoop(target, OracleProposer(reference, len(ids), rate, target.n_vocab, cfg, seed=3), cfg)
+        loop = SpeculativeLoop(target, OracleProposer(reference, len(ids), rate, target.n_vocab, cfg, seed=3,
+                                                      alternatives=runners_up(rows)), cfg)
         chk = Checker()
         loop.on_cycle = chk
         toks, _ = run(loop, ids, cfg, max_tokens=40)
+        assert chk.drafted > 0
         if toks != ref:
             j = next(k for k in range(min(len(toks), len(ref))) if toks[k] != ref[k])
-            top2 = np.sort(rows[j - 1])[-2:]
-            margin = float(top2[1] - top2[0])
-            assert margin <= noise, f"divergence at token {j} with margin {margin:.3f} > noise {noise:.3f}"
-            divergences.append((rate, j, margin))
+            assert j >= 1 and j < len(toks), f"differs in length only at token {j}"
+            gap = emitted_gap(rows[j - 1], ref[j], toks[j])
+            assert gap <= noise, f"divergence at token {j}: plain prefers its token by {gap:.3f} > noise {noise:.3f}"
+            divergences.append((rate, j, gap))
     print(f"\n[lossless] smollm2 long context (300 tokens, 2 threads): batch noise {noise:.3f}; "
           f"near-tie divergences: {divergences or 'none'}")
     target.close()

@@ -306,12 +306,15 @@ class RemoteGenerator:
         return [int(t) for t in prompt]
 
     def generate(self, prompt: Union[str, Sequence[int]], *, max_tokens: int = 256, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None,
+                 top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None, ignore_eos: bool = False,
                  on_event: Optional[Callable[[Event], None]] = None) -> RemoteResult:
         """Generate; through a disconnection it keeps drafting alone (unverified tokens), then
         resyncs (or reopens by replay) when the server is back. ``on_event`` sees every
-        :class:`Event` as it happens."""
+        :class:`Event` as it happens. ``ignore_eos``: the server never stops at an
+        end-of-generation token (llama.cpp's ``--ignore-eos``)."""
         sampling = {"temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p)}
+        if ignore_eos:
+            sampling["ignore_eos"] = True
         if seed is not None:
             sampling["seed"] = int(seed)
         run = self._last_run = _Run(self, self.encode(prompt), int(max_tokens), sampling, on_event)

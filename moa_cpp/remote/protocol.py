@@ -195,6 +195,13 @@ def get_float(msg: dict, key: str, lo: float, hi: float, default: float) -> floa
     return float(v)
 
 
+def get_bool(msg: dict, key: str, default: bool = False) -> bool:
+    v = msg.get(key, default)
+    if not isinstance(v, bool):
+        raise ProtocolError(f"{key} must be true or false", "invalid_field")
+    return v
+
+
 def check_tree(tokens: np.ndarray, parents: np.ndarray, n_vocab: int, max_nodes: int, max_depth: int = 16) -> None:
     """Token ids in the vocabulary; parents precede children (so no cycles); depth bounded."""
     if tokens.size != parents.size:

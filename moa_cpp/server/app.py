@@ -100,7 +100,7 @@ class Server:
                               param="max_tokens")
         prompt = req.message_dicts() if chat else req.prompt_value()
         return GenParams(prompt, chat, limit, req.temperature, req.top_k, req.top_p, req.seed_or_none,
-                         req.stops, self._draft_override(req))
+                         req.stops, self._draft_override(req), req.ignore_eos)
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:

@@ -200,4 +200,5 @@ def _sampling(s: Any) -> SamplingParams:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63):
         raise P.ProtocolError("sampling.seed must be an integer >= 0", "invalid_field")
     return SamplingParams(P.get_float(s, "temperature", 0.0, 100.0, 0.0), P.get_int(s, "top_k", 0, 2 ** 31, 0),
-                          P.get_float(s, "top_p", 1e-9, 1.0, 1.0), seed)
+                          P.get_float(s, "top_p", 1e-9, 1.0, 1.0), seed,
+                          ignore_eos=P.get_bool(s, "ignore_eos", False))

@@ -61,6 +61,8 @@ class _Sampling(BaseModel):
     frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
     logit_bias: Optional[Annotated[dict[str, float], Field(max_length=0)]] = None
     user: Optional[Annotated[str, Field(max_length=256)]] = None
+    # llama.cpp server's field: never stop at an end-of-generation token (run to max_tokens)
+    ignore_eos: bool = False
     moa: Optional[MoaOptions] = None
 
     @property

@@ -29,6 +29,7 @@ class GenParams:
     seed: Optional[int]
     stop: list
     draft: Optional[str]
+    ignore_eos: bool = False
 
 
 class Job:
@@ -80,7 +81,8 @@ class Job:
             ids = self._encode()
             self._put("ready", len(ids))
             it = gen.stream_tokens(ids, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
-                                   top_p=p.top_p, seed=p.seed, stop=p.stop, draft=p.draft)
+                                   top_p=p.top_p, seed=p.seed, stop=p.stop, draft=p.draft,
+                                   ignore_eos=p.ignore_eos)
             try:
                 for toks, piece in it:
                     self._put("piece", list(toks), piece)

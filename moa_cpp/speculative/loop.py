@@ -56,6 +56,16 @@ class Generation:
     t_start: float = 0.0
 
 
+def _eog_masked(logits: np.ndarray, target: Target, sp: SamplingParams) -> np.ndarray:
+    """``logits`` as the sampler sees them: with ``ignore_eos`` every end-of-generation token
+    gets -inf (llama.cpp's ``--ignore-eos``), in the plain and the speculative path alike."""
+    if not sp.ignore_eos:
+        return logits
+    out = np.array(logits, dtype=np.float32, copy=True)
+    out[..., target.eog_tokens] = -np.inf
+    return out
+
+
 def _sample(logits: np.ndarray, sp: SamplingParams, rng: Optional[np.random.Generator]) -> int:
     if sp.greedy:
         return int(np.argmax(logits))
@@ -149,7 +159,7 @@ class SpeculativeLoop:
             g.stats.prefill_calls += 1
             if capture:
                 self.proposer.observe(tgt.captured_lsa_in(), off)
-        g.root = _sample(logits[-1], sp, g.rng)
+        g.root = _sample(_eog_masked(logits[-1], tgt, sp), sp, g.rng)
         g.stats.t_prefill = time.perf_counter() - t0
         g.feed, g.n = list(prompt), int(prompt.size)
         g.t_start = time.perf_counter()
@@ -175,6 +185,7 @@ class SpeculativeLoop:
         except CacheFullError:
             return self._finish(g, "length")     # llama.cpp left the cache unchanged
         t_target = time.perf_counter() - t
+        scores.logits = _eog_masked(scores.logits, self.target, g.sp)
         verdict = verify(proposal, scores.logits, g.sp, g.rng)
         if self.on_cycle is not None:
             self.on_cycle(g.n, g.root, proposal, scores, verdict)
@@ -204,6 +215,7 @@ class SpeculativeLoop:
         except CacheFullError:
             return self._finish(g, "length")
         t_target = time.perf_counter() - t
+        logits = _eog_masked(logits, self.target, g.sp)
         nxt = _sample(logits[0], g.sp, g.rng)
         if self.on_cycle is not None:
             self.on_cycle(g.n, g.root, Proposal.empty(), Scores(logits, np.zeros(1, np.int64)), Verdict([], [], nxt))

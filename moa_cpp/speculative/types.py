@@ -15,12 +15,17 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Target sampling settings. temperature 0 = greedy."""
+    """Target sampling settings. temperature 0 = greedy.
+
+    ``ignore_eos`` (llama.cpp's ``--ignore-eos`` / server field): end-of-generation tokens get
+    logit -inf in every target row, so a generation runs to ``max_tokens`` or the context end.
+    It changes the target's distribution the same way for plain and speculative decoding."""
 
     temperature: float = 0.0
     top_k: int = 0          # 0 = off
     top_p: float = 1.0      # 1 = off
     seed: Optional[int] = None
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:
