@@ -68,8 +68,10 @@ def run_serve(args: argparse.Namespace) -> int:
         check_server_bundle(settings.bundle, drafter_path, target_path)
     sessions = build_sessions(settings)
     gen0 = sessions[0].gen
-    if gen0.proposer is not None and gen0.draft.mode == "auto":
-        print("[measuring the target's verify cost once (cached for later runs)...]", file=sys.stderr, flush=True)
+    if gen0.proposer is not None:
+        # before listening: a first request would otherwise wait for it (seconds; a client may time out)
+        what = "verify cost and exact batch size" if gen0.draft.mode == "auto" else "exact batch size"
+        print(f"[measuring the target's {what} once (cached for later runs)...]", file=sys.stderr, flush=True)
         gen0.calibrate()
     app = create_app(settings, sessions)
     srv = app.state.server

@@ -1,6 +1,7 @@
 """Bad input raises a clear Python exception and never aborts the process."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -148,18 +149,42 @@ def test_bad_calls_raise(drafter_f32, target_path, fixture_dir):
     assert (d.n_ca, d.n_sa, d.n_drafts) == (S, S, 0)
 
 
-def test_cli_bad_arguments(tmp_path):
-    exe = [sys.executable, "-m", "moa_cpp.cli"]
-    p = subprocess.run(exe + ["convert", str(tmp_path / "missing"), "-o", str(tmp_path / "o.gguf")],
-                       capture_output=True, text=True)
-    assert p.returncode != 0 and "error" in (p.stderr + p.stdout).lower()
-    p = subprocess.run(exe + ["convert", str(tmp_path), "-o", str(tmp_path / "o.gguf"), "--outtype", "q3_x"],
-                       capture_output=True, text=True)
-    assert p.returncode == 2 and "invalid choice" in p.stderr
-    p = subprocess.run(exe + ["check-parity", str(tmp_path)], capture_output=True, text=True)
-    assert p.returncode == 2 and "missing" in p.stderr
-    p = subprocess.run(exe + ["frobnicate"], capture_output=True, text=True)
-    assert p.returncode == 2
+# (argv, expected last line of stderr as a regex, whether argparse printed its usage first); "{tmp}" is
+# tmp_path. The moa-cpp convention for bad input: exit status 2, one "moa-cpp COMMAND: error: ..."
+# line on stderr (argparse's own errors add the usage above it), nothing on stdout, no traceback.
+_CLI_BAD = [
+    pytest.param(["convert", "{tmp}/missing", "-o", "{tmp}/o.gguf"],
+                 re.escape("moa-cpp convert: error: source '{tmp}/missing': no such file or directory, "
+                           "and not a hub repo id (org/name)"), False, id="convert-missing-source"),
+    # the choices' quoting differs between Python versions
+    pytest.param(["convert", "{tmp}", "-o", "{tmp}/o.gguf", "--outtype", "q3_x"],
+                 re.escape("moa-cpp convert: error: argument --outtype: invalid choice: 'q3_x' (choose from ")
+                 + r"'?f16'?, '?f32'?, '?q4_0'?, '?q8_0'?\)", True, id="convert-bad-outtype"),
+    pytest.param(["check-parity", "{tmp}"],
+                 re.escape("moa-cpp check-parity: error: {tmp}: missing 'golden.npz' (not a moa-ref fixture folder)"),
+                 False, id="check-parity-not-a-fixture"),
+    pytest.param(["frobnicate"],
+                 re.escape("moa-cpp: error: argument COMMAND: invalid choice: 'frobnicate' (choose from ")
+                 + r"'?generate'?, .*'?rpc-server'?\)", True, id="unknown-command"),
+]
+
+
+@pytest.mark.parametrize("argv,message,usage", _CLI_BAD)
+def test_cli_bad_arguments(tmp_path, argv, message, usage):
+    """Bad command lines end with exit status 2 and one clear error line, never a traceback."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    message = message.replace(re.escape("{tmp}"), re.escape(str(tmp_path)))
+    p = subprocess.run([sys.executable, "-m", "moa_cpp.cli"] + argv, capture_output=True, text=True, timeout=120)
+    out = f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    assert "Traceback (most recent call last)" not in p.stderr + p.stdout, out
+    assert p.returncode == 2, out
+    assert p.stdout == "", out
+    lines = [ln for ln in p.stderr.splitlines() if not ln.startswith("INFO ")]   # log lines may precede it
+    assert lines and re.fullmatch(message, lines[-1]), out
+    if usage:
+        assert lines[0].startswith("usage: moa-cpp"), out
+    else:
+        assert len(lines) == 1, out
 
 
 def test_long_feed_is_chunked(drafter_f32, target_path, fixture_dir):

@@ -1,7 +1,8 @@
 """Load on a real `moa-cpp serve`: 8 concurrent clients x 10 requests each, mixed streaming /
 non-streaming / sampling / chat / completion, through the official `openai` package, against a
 server with 2 sessions and a queue that holds the rest. Every request completes, every greedy
-answer equals the same request made alone beforehand, and the server's RSS stays bounded."""
+answer equals plain greedy decoding of the same prompt (in-process, no drafter: what
+`moa-cpp generate --no-draft` runs), and the server's RSS stays bounded."""
 from __future__ import annotations
 
 import threading
@@ -13,9 +14,23 @@ from server_proc import ServerProc
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 CLIENTS, PER_CLIENT = 8, 10
+MAX_TOKENS = 12
 PROMPTS = ["The capital of Italy is", "def is_prime(n):", "Water boils at", "A haiku about autumn:",
            "The largest planet is", "import numpy as np\n"]
 QUESTIONS = ["What is the color of the sky?", "Give me a synonym of happy.", "How many legs does a cat have?"]
+
+
+@pytest.fixture(scope="module")
+def plain():
+    """The reference: plain greedy decoding, what `moa-cpp generate --no-draft` runs."""
+    from moa_cpp import SpeculativeGenerator, defaults
+    gen = SpeculativeGenerator.from_paths(defaults.default_target(), None, draft="none", n_threads=1)
+    yield gen
+    gen.close()
+
+
+def _plain_text(plain, kind: str, text: str) -> str:
+    return plain.generate(text, max_tokens=MAX_TOKENS, chat=kind == "chat").text
 
 
 def _request(client, i: int):
@@ -28,31 +43,33 @@ def _request(client, i: int):
         p = PROMPTS[i % len(PROMPTS)]
 
         def run():
-            r = client.completions.create(model="m", prompt=p, max_tokens=12, temperature=temp, stream=stream, **extra)
+            r = client.completions.create(model="m", prompt=p, max_tokens=MAX_TOKENS, temperature=temp, stream=stream,
+                                          **extra)
             return "".join(c.choices[0].text for c in r if c.choices) if stream else r.choices[0].text
         return ("cmpl", p, temp, stream), greedy, run
     q = QUESTIONS[i % len(QUESTIONS)]
 
     def run():
         msgs = [{"role": "user", "content": q}]
-        r = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=temp, stream=stream,
-                                           **extra)
+        r = client.chat.completions.create(model="m", messages=msgs, max_tokens=MAX_TOKENS, temperature=temp,
+                                           stream=stream, **extra)
         return "".join(c.choices[0].delta.content or "" for c in r if c.choices) if stream \
             else r.choices[0].message.content
     return ("chat", q, temp, stream), greedy, run
 
 
-def test_eight_clients_ten_requests_each():
+def test_eight_clients_ten_requests_each(plain):
     openai = pytest.importorskip("openai")
     srv = ServerProc("--parallel", "2", "--queue", "16", "--draft", "chain:3")
     try:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
-        # the reference: every greedy request, alone
-        alone = {}
+        # the reference: plain greedy decoding of every greedy request's prompt / question
+        ref = {}
         for i in range(CLIENTS * PER_CLIENT):
-            key, greedy, run = _request(client, i)
-            if greedy and (key[0], key[1]) not in alone:
-                alone[(key[0], key[1])] = run()
+            key, greedy, _ = _request(client, i)
+            if greedy and (key[0], key[1]) not in ref:
+                ref[(key[0], key[1])] = _plain_text(plain, key[0], key[1])
+        assert {k for k, _ in ref} == {"cmpl", "chat"} and all(ref.values()), ref
         rss0 = srv.rss_kib()
         results: dict = {}
         errors: list = []
@@ -73,8 +90,8 @@ def test_eight_clients_ten_requests_each():
             t.join(600)
         assert not errors, errors[:5]
         assert len(results) == CLIENTS * PER_CLIENT
-        mismatched = [(i, k) for i, (k, greedy, text) in results.items() if greedy and text != alone[(k[0], k[1])]]
-        assert not mismatched, mismatched
+        mismatched = [(i, k) for i, (k, greedy, text) in results.items() if greedy and text != ref[(k[0], k[1])]]
+        assert not mismatched, [(i, k, results[i][2], ref[(k[0], k[1])]) for i, k in mismatched][:5]
         assert all(text for _, _, text in results.values())
         grown = srv.rss_kib() - rss0
         assert grown < 150 * 1024, f"server RSS grew by {grown / 1024:.0f} MiB under load"

@@ -125,6 +125,8 @@ class SpeculativeLoop:
             if isinstance(p, CostAwarePolicy):
                 p.calibrate(self.target)
                 self.batch_rows(DraftConfig("auto", chain=p.k_max))
+        if self.draft.mode != "none":
+            self.batch_rows(self.draft)          # the default setting's exact batch size
 
     # ------------------------------------------------------------------ prefill
 
