@@ -48,7 +48,12 @@ def monkeypatch_module():
 @pytest.mark.parametrize("draft", ["none", "chain:1", "chain:3", "chain:5", "tree:3,3,10", "tree:6,8,62", "auto:6"])
 def test_greedy_equals_reference_greedy(fx, draft):
     g, gen, _, _ = fx
+    if draft.startswith("auto"):
+        # the cost-aware mode drafts only where it pays: give it a memory-bound target's verify
+        # cost (T(k) = T(1), as on GPUs) so that it really drafts here
+        gen.loop.policy_for(parse_draft(draft)).verify_cost = {k: 0.01 for k in range(1, 8)}
     r = gen.generate(g["prompt_ids"].tolist(), max_tokens=32, draft=draft)
+    assert (r.stats.drafted > 0) == (draft != "none")      # a mode that drafts nothing proves nothing
     assert r.tokens == g["target_greedy"].tolist()        # the HF reference's own greedy output
     assert r.stats.n_generated == 32 and r.finish_reason == "length"
     assert r.stats.target_calls == len(r.stats.accept_lengths)
@@ -113,6 +118,32 @@ def test_sampling_end_to_end_distribution(fx):
                 o2[-2] += o2[-1]; e2[-2] += e2[-1]; o2, e2 = o2[:-1], e2[:-1]
             pval = chisquare(o2, e2).pvalue
             assert pval > ALPHA, f"{kind} T={temp}: chi-square p={pval:.2e}"
+
+
+def test_moa_chain_reports_each_drafts_own_q(fx):
+    """Under sampling each chain node carries the distribution its token was drawn from: the
+    drafter's own distribution after the drafts before it (recomputed here in one drafter call).
+    A node carrying another node's q (e.g. the root's) breaks speculative sampling's correction."""
+    g, gen, _, _ = fx
+    prompt = g["prompt_ids"].tolist()
+    cfg = DraftConfig("chain", chain=4)
+    for temp in (1.0, 0.6):
+        sp = SamplingParams(temp, top_k=50, seed=3)
+        run, _ = gen.loop.prefill(prompt, 8, sp, cfg)
+        assert run.drafting
+        prop = gen.loop.proposer
+        proposal = prop.propose(run.feed, run.root, run.n, sp, run.rng, cfg)
+        toks = [int(t) for t in proposal.tokens]
+        assert len(proposal.q) == len(toks) == 4
+        st = prop.state
+        st.clear_drafts()
+        rows = st.draft([run.root] + toks[:-1], list(range(run.n, run.n + 4)), [-1, 0, 1, 2])
+        for i, (tok, q) in enumerate(zip(toks, proposal.q)):
+            own = probs_from_logits(rows[i], sp)
+            assert q[tok] > 0
+            np.testing.assert_allclose(q, own, rtol=0, atol=1e-4, err_msg=f"T={temp}: node {i}'s q")
+        assert not np.allclose(proposal.q[0], proposal.q[1], atol=1e-3)    # the check can tell them apart
+        st.clear_drafts()
 
 
 def test_stream_stop_and_completion(fx):
