@@ -13,10 +13,13 @@ fixed seeds: deterministic).
 
 The law of the first four tokens (after the prompt) is enumerated exactly from single decodes of
 every prefix (memoised). Token 1 comes from the prefill; tokens 2-4 from the first cycle(s), so
-tokens 3 and 4 are the ones verified at depth >= 2. Power: the test's own ``_p_value`` rejects
-the drafts' tempered law in place of the target's (total variation ~0.1) at p < 1e-30, and the
-planted mutations in the closing note (depth >= 2 drafts verified with the root's q; the tree
-verifier keeping a rejected sibling's mass) at p < 1e-6.
+tokens 3 and 4 are the ones verified at depth >= 2. The chain test also compares how many drafts
+the first cycle accepts with the exact expectation (sum over depths of the summed products of
+min(p, q)): a draft verified against the wrong q can leave the law intact where the supports are
+disjoint (rejected, then resampled from p) but not its acceptance. Power, measured with planted
+mutations: depth >= 2 drafts carrying the root's q (acceptance 1.64 vs exact 2.23, 25 standard
+errors); the tree verifier keeping a rejected sibling's mass (law p = 3e-89); the drafts' own
+tempered law in place of the target's (p < 1e-30, asserted below).
 """
 from __future__ import annotations
 
@@ -141,6 +144,7 @@ def setup(fixture_dir):
 def _sample(loop, prompt, n, seed0=0):
     counts: dict = {}
     drafted = accepted = deep = 0
+    first: list = []             # drafts accepted by each generation's first cycle
     for s in range(n):
         toks, st = [], None
         for ev in loop.run(prompt, N_TOKENS, dataclasses.replace(SP, seed=seed0 + s)):
@@ -151,7 +155,29 @@ def _sample(loop, prompt, n, seed0=0):
         drafted += st.drafted
         accepted += st.accepted
         deep += sum(st.accepted_by_depth[1:])
-    return counts, drafted, accepted, deep
+        first.append(st.accept_lengths[0] - 1)
+    return counts, drafted, accepted, deep, np.array(first, float)
+
+
+def expected_first_cycle_accepted(lookup, sp, spq, k):
+    """Exact mean number of drafts a k-chain accepts in the first cycle: sum over d of P(the first
+    d drafts are accepted) = E over t1 ~ p of the sum over x1..xd of prod min(p, q) (a draft x
+    drawn from q and accepted with min(1, p/q) has probability min(p(x), q(x)))."""
+    total = 0.0
+    level = {}
+    p1 = probs_from_logits(lookup(()), sp)
+    for t in np.flatnonzero(p1 > 0):
+        level[(int(t),)] = float(p1[t])
+    for _ in range(k):
+        nxt = {}
+        for pre, w in level.items():
+            lg = lookup(pre)
+            m = np.minimum(probs_from_logits(lg, sp), probs_from_logits(lg, spq))
+            for x in np.flatnonzero(m > 0):
+                nxt[pre + (int(x),)] = w * float(m[x])
+        level = nxt
+        total += sum(level.values())
+    return total
 
 
 def test_chain_sampling_law_with_deep_acceptance(setup):
@@ -160,16 +186,23 @@ def test_chain_sampling_law_with_deep_acceptance(setup):
     prop = TemperedDraftModel.from_path(path, cfg, target=target, n_ctx=256, flash_attn=False)
     try:
         n = N
-        counts, drafted, accepted, deep = _sample(SpeculativeLoop(target, prop, cfg), prompt, n)
+        counts, drafted, accepted, deep, first = _sample(SpeculativeLoop(target, prop, cfg), prompt, n)
     finally:
         prop.close()
     law = lookup.law(SP, N_TOKENS)
     pval = _p_value(counts, law, n)
+    want = expected_first_cycle_accepted(lookup, SP, dataclasses.replace(SP, temperature=SP.temperature * DRAFT_TEMP),
+                                         3)
+    se = first.std() / np.sqrt(n)
     print(f"\n[sampling e2e] chain 3: {len(law)} sequences, acceptance {accepted / drafted:.2f}, "
-          f"cycles accepted past depth 1: {deep}, p = {pval:.3g}")
+          f"cycles accepted past depth 1: {deep}, p = {pval:.3g}; first cycle accepted {first.mean():.3f} "
+          f"(exact {want:.3f}, se {se:.3f})")
     assert accepted / drafted > 0.5 and deep > n // 2       # deep drafts really verified, often
     assert accepted < drafted                                # and rejections too
     assert pval > ALPHA, f"chi-square p = {pval:.2e}"
+    # accepted exactly as often as speculative sampling accepts honest drafts (a draft verified
+    # against another node's q is accepted less often, even where the law survives it)
+    assert abs(first.mean() - want) < 4 * se, (first.mean(), want, se)
     # the test's power: the drafts' own (tempered) law is far from the target's
     tempered = lookup.law(dataclasses.replace(SP, temperature=SP.temperature * DRAFT_TEMP), N_TOKENS)
     assert _p_value({k: round(v * n) for k, v in tempered.items() if round(v * n)}, law, n) < 1e-30
@@ -179,8 +212,8 @@ def test_tree_sampling_law_with_deep_acceptance(setup):
     target, lookup, prompt, _ = setup
     cfg = DraftConfig("tree", depth=2, topk=2, total=6)
     n = N
-    counts, drafted, accepted, deep = _sample(SpeculativeLoop(target, TopChildrenTree(lookup, len(prompt)), cfg),
-                                              prompt, n, seed0=10 ** 6)
+    counts, drafted, accepted, deep, _ = _sample(SpeculativeLoop(target, TopChildrenTree(lookup, len(prompt)), cfg),
+                                                 prompt, n, seed0=10 ** 6)
     law = lookup.law(SP, N_TOKENS)
     pval = _p_value(counts, law, n)
     print(f"\n[sampling e2e] tree 2x2: acceptance {accepted / drafted:.2f}, depth-2 acceptances {deep}, "
