@@ -205,7 +205,10 @@ def test_server_never_returns_then_verify_pending(plain_tokens):
             srv.proc.send_signal(signal.SIGKILL)
             srv.proc.wait(10)
     g = _client(f"http://127.0.0.1:{port}", resync_wait=1.0, max_unverified=16)
-    r = g.generate(PROMPT, max_tokens=MAX, ignore_eos=True, on_event=hook)
+    try:
+        r = g.generate(PROMPT, max_tokens=MAX, ignore_eos=True, on_event=hook)
+    finally:
+        srv.kill()                               # a failure before the hook fired must not leak it
     assert r.finish_reason == "unverified" and len(r.unverified) == 16 and len(r.tokens) >= 6
     check_invariants(r)
     again = ServerProc("--draft", "chain:3", "--port", str(port))
