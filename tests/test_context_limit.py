@@ -29,13 +29,14 @@ def test_generation_ends_at_the_context_limit(fx, draft, temp):
     g, gen = fx
     n_ctx = gen.target.n_ctx
     prompt = _long_prompt(g, n_ctx)
-    r = gen.generate(prompt, max_tokens=1000, temperature=temp, seed=3, draft=draft)
+    # EOG ignored: the generation must run into the context whatever text it makes
+    r = gen.generate(prompt, max_tokens=1000, temperature=temp, seed=3, draft=draft, ignore_eos=True)
     assert r.finish_reason == "length"
     # every position of the context was used: the prompt, then each emitted token but the last
     # (which is sampled from the final position's logits and never needs a cell)
     assert len(prompt) + len(r.tokens) == n_ctx + 1, (len(prompt), len(r.tokens), n_ctx)
     if temp == 0.0:
-        plain = gen.generate(prompt, max_tokens=1000, draft="none")
+        plain = gen.generate(prompt, max_tokens=1000, draft="none", ignore_eos=True)
         assert r.tokens == plain.tokens
     # the caches are intact: a short generation afterwards is the fixture's own greedy output
     again = gen.generate(g["prompt_ids"].tolist(), max_tokens=8, draft="chain:3")

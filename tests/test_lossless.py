@@ -409,3 +409,38 @@ def test_trained_default_drafter_lossless(ctx, cfg):
         assert accepted > 0 and chk.events["partial"] + chk.events["full"] > 0, chk.events
     finally:
         drafter.close()
+
+
+def test_ignore_eos_runs_past_the_end_and_stays_lossless(ctx):
+    """llama.cpp's --ignore-eos: end-of-generation tokens get -inf in every target row, so a
+    generation that plain decoding ends with EOG goes on with the target's next choice there, to
+    max_tokens; speculative decoding (chain and tree) emits exactly what plain decoding emits."""
+    if ctx.name.startswith("gemma"):
+        pytest.skip("one model is enough for the EOG mask; SmolLM2 Q4_1 / Q8_0 run it")
+    stops = [i for i, (_, st) in enumerate(ctx.refs) if st.finish_reason == "stop"]
+    if not stops:
+        pytest.skip(f"{ctx.name}: no prompt ends with EOG within {MAX_TOKENS} tokens on this CPU")
+    i = stops[0]
+    ids, (ref, st) = ctx.prompts[i], ctx.refs[i]
+    n = len(ref) + 12
+    sp = SamplingParams(ignore_eos=True)
+    plain = SpeculativeLoop(ctx.target, None, DraftConfig("none"))
+    toks, pst = [], None
+    for ev in plain.run(ids, n, sp):
+        toks += ev.tokens
+        pst = ev.stats
+    assert len(toks) == n and pst.finish_reason == "length" and pst.eog_token == -1
+    assert toks[: len(ref)] == ref                          # unchanged up to where it would have stopped
+    assert not any(ctx.target.is_eog(t) for t in toks)
+    row = np.array(ctx.ref_logits[i][len(ref) - 1]) if ref else None
+    if row is not None:                                     # there: the best non-EOG token
+        row[ctx.target.eog_tokens] = -np.inf
+        assert toks[len(ref)] == int(row.argmax())
+    for cfg in (DraftConfig("chain", chain=3), SMALL_TREE):
+        prop = OracleProposer(toks + [st.eog_token], len(ids), 0.8, ctx.target.n_vocab, cfg, seed=1)
+        loop = SpeculativeLoop(ctx.target, prop, cfg)
+        out, sst = [], None
+        for ev in loop.run(ids, n, sp, cfg):
+            out += ev.tokens
+            sst = ev.stats
+        assert out == toks and sst.drafted > 0
