@@ -14,13 +14,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from moa_cpp.convert import add_convert_arguments, run_convert  # noqa: E402
+from moa_cpp.errors import MoaError  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse arguments and convert."""
+    """Parse arguments and convert; bad input is one error line and exit status 2 (argparse's)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_convert_arguments(parser)
-    return run_convert(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    try:
+        return run_convert(args)
+    except MoaError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

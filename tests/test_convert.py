@@ -238,7 +238,7 @@ def test_cli_script(tmp_path: Path) -> None:
     assert mod.main([str(SNAP), "-o", str(out), "--outtype", "q8_0", "--target-gguf", str(TARGET),
                      "--no-progress"]) == 0
     assert out.is_file()
-    assert mod.main([str(tmp_path / "nope"), "-o", str(tmp_path / "n.gguf")]) == 1
+    assert mod.main([str(tmp_path / "nope"), "-o", str(tmp_path / "n.gguf")]) == 2
 
 
 # ---------------------------------------------------------------- errors

@@ -67,6 +67,7 @@ COMMON_BAD = {
     "seed": INT_BAD,
     "stop": [5, 1.5, True, {}, [1], [None], [[]], [{"a": 1}]],
     "stream": BOOL_BAD + [None],
+    "ignore_eos": BOOL_BAD + [None],
     "stream_options": OBJ_BAD + [{"include_usage": "yes"}, {"include_usage": 1}],
     "n": INT_BAD + [None],
     "presence_penalty": FLOAT_BAD + [None],

@@ -272,6 +272,18 @@ def test_bucketed_batches_pad_less_and_visit_every_sample(fixture_dir: Path, tmp
                 log=lambda s: None)._batches_of_epoch(0)
 
 
+def test_empty_dataset_is_a_clear_error(fixture_dir: Path, tmp_path: Path) -> None:
+    """A data stage that produced nothing (e.g. every prompt too long for its share of the context)
+    is an error naming the cause, not a step loop that looks for a first batch for ever."""
+    from moa_cpp.errors import InvalidArgumentError
+
+    ds, fs = _length_only_data(np.zeros(0, np.int64))
+    tt = TorchTarget.from_gguf(fixture_dir / "target-f32.gguf")
+    with pytest.raises(InvalidArgumentError, match="no training samples"):
+        Trainer(spec_from_target(fixture_dir / "target-f32.gguf", **FIXTURE_SIZES), tt, ds, fs, tmp_path,
+                TrainSettings(holdout=0), log=lambda s: None)
+
+
 def test_init_from_target(fixture_dir: Path) -> None:
     """SA starts as target layer 0 and CA as the last target layer; mismatched sizes are refused."""
     target = fixture_dir / "target-f32.gguf"
@@ -338,7 +350,14 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
     learns in 20 sequences generalises; tau is therefore measured on the training prompts, whose
     greedy continuations the drafter has fitted. That still checks every convention end to end
     (masks, positions, RoPE, K/V layout, names, conversion): any mismatch leaves the trained drafter
-    at the random one's tau (measured: ~3.7 vs ~1.5). Held-out acceptance is measured on SmolLM2.
+    at the random one's tau (measured: ~3.7 vs ~1.5). On 8 held-out prompts the same run measured
+    1.32 (full-vocab) / 1.05 (reduced-vocab) against the random drafter's 1.54, and no affordable
+    change fixed that (200 sequences, 600 steps, lr 1e-3..1e-2, SA/CA initialised from the target:
+    at best 1.54): the random drafter's 1.54 is the "repeat the current token" rule (an oracle of
+    it: 1.53; the target repeats 40 % of its tokens), and even a bigram table of 200 training
+    sequences covering 74 % of the held-out tokens only reaches 1.35 there, since the random
+    target's next token depends on more than the current one. Held-out acceptance is therefore
+    measured on SmolLM2: :func:`test_tiny_smollm2_run_beats_random_drafter_on_heldout_prompts`.
 
     ``reduced-vocab``: the same with a 512-token draft vocabulary (of 49,152; the random fixture
     target writes ~740 distinct tokens, so 96 tokens covered only half of them) (own head, ``d2t`` in the GGUF,
@@ -402,6 +421,74 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
 
     t_trained, t_random = tau(trained), tau(rand)
     assert t_trained > t_random + 1.0, (t_trained, t_random)
+
+
+# Not used for training (disjoint from _PROMPTS): the held-out set of the SmolLM2 run below.
+_HELDOUT_PROMPTS = [
+    "The fisherman pulled his boat onto the sandy shore at dawn.",
+    "Every winter the lake freezes and people skate across it.",
+    "The robot vacuum cleaned the kitchen while we were at work.",
+    "My grandmother keeps a garden full of roses and tomatoes.",
+    "The train to the coast leaves the station every two hours.",
+    "A group of volunteers cleaned the beach on Saturday morning.",
+    "The pilot announced that the plane would land in ten minutes.",
+    "Our cat sleeps in the sunny spot by the window all afternoon.",
+]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_tiny_smollm2_run_beats_random_drafter_on_heldout_prompts(tmp_path: Path) -> None:
+    """What a trained drafter is for: acceptance on prompts it was not trained on. A tiny run on
+    SmolLM2-135M (the 20 prompts of the fixture run, 48-token greedy continuations from llama.cpp,
+    a 512-token draft vocabulary, small FFNs, 40 steps of 256 tokens) and the native engine's
+    greedy chain-4 tau (torch -> snapshot -> GGUF -> native) over 8 held-out prompts, 32 tokens
+    each, against a random drafter of the same sizes.
+
+    Measured (CPU, 1 thread): trained 1.184 vs random 1.025 (seed 0); trainer seeds 1 and 2 gave
+    1.179 and 1.141, so the trained drafter leads by 0.12..0.16; the assert asks for 0.08. A
+    drafter that learned nothing that generalises stays near the random one: the same run at lr
+    1e-2 measured 1.052. (100 steps of 512 tokens with the default sizes reach 1.22 in ~3x the
+    time; the shipped drafter measures 1.44 on these prompts.)
+    """
+    from moa_cpp import defaults
+    from moa_cpp.convert import convert
+    from moa_cpp.generator import SpeculativeGenerator
+
+    assert not set(_HELDOUT_PROMPTS) & set(_PROMPTS)
+    target = Path(defaults.default_target())
+    (tmp_path / "prompts.txt").write_text("\n".join(_PROMPTS) + "\n")
+    ds = generate_dataset(target, tmp_path / "data",
+                          DataSettings(n_samples=len(_PROMPTS), max_new_tokens=48, greedy_fraction=1.0,
+                                       n_parallel=8, n_threads=1, chat=False, n_ctx=2048),
+                          prompt_files=[tmp_path / "prompts.txt"], log=lambda s: None)
+    assert len(ds) == len(_PROMPTS)
+    tt = TorchTarget.from_gguf(target)
+    fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False)
+    sizes = dict(sa_ffn=64, ca_ffn=64, lsa_ffn=64)
+    ts = TrainSettings(seed=0, steps=40, batch_tokens=256, lr=3e-3, holdout=3, eval_every=1000, ckpt_every=1000,
+                       threads=1, bf16=False, draft_vocab=512)
+    tr = Trainer(spec_from_target(target, **sizes), tt, ds, fs, tmp_path, ts, log=lambda s: None)
+    assert tr.run()["steps"] == 40
+    trained = convert(tr.model.save(tmp_path / "snapshot"), tmp_path / "trained.gguf", outtype="f32",
+                      target_gguf=target, progress=False)
+    rand = make_random_drafter(target, tmp_path / "random.gguf", outtype="f32", **sizes)
+
+    def tau(drafter: Path) -> float:
+        gen = SpeculativeGenerator.from_paths(target, drafter, draft="chain:4", n_ctx=1024, n_threads=1)
+        try:
+            accepted = calls = 0
+            for p in _HELDOUT_PROMPTS:
+                r = gen.generate(p, max_tokens=32)
+                accepted += r.stats.accepted
+                calls += r.stats.target_calls
+            return (accepted + calls) / calls
+        finally:
+            gen.close()
+
+    t_trained, t_random = tau(trained), tau(rand)
+    print(f"\nheld-out chain-4 tau: trained {t_trained:.3f}, random {t_random:.3f}")
+    assert t_trained > t_random + 0.08, (t_trained, t_random)
 
 
 def test_data_sampler_law() -> None:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import FormatError, InvalidArgumentError, MismatchError, MoaError
+from ..errors import FormatError, InvalidArgumentError, MismatchError
 from ..gguf_names import D2T, DRAFT_OUTPUT, FORMAT_VERSION, Keys
 from .layouts import Hparams, detect_layout, derive_hparams
 from .safetensors_io import load_f32, load_ids
@@ -184,14 +183,11 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    """Run a conversion from parsed arguments; prints the error and returns 1 on failure."""
+    """Run a conversion from parsed arguments. Errors (:class:`MoaError`) propagate: the caller
+    prints them the CLI's way (``moa-cpp convert: error: ...``, exit 2)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        convert(args.src, args.output, outtype=args.outtype, target_gguf=args.target_gguf,
-                target_block_count=args.target_layers, tli=args.tli, revision=args.revision,
-                progress=not getattr(args, "no_progress", False))
-    except MoaError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    convert(args.src, args.output, outtype=args.outtype, target_gguf=args.target_gguf,
+            target_block_count=args.target_layers, tli=args.tli, revision=args.revision,
+            progress=not getattr(args, "no_progress", False))
     return 0

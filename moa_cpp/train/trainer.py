@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from ..drafter_spec import DrafterSpec
+from ..errors import InvalidArgumentError
 from .data import Dataset
 from .masks import bounded_masks
 from .model import MoaDrafter
@@ -537,6 +538,11 @@ class Trainer:
         self.heldout = heldout_split(ds, settings.holdout, settings.seed)
         held = set(self.heldout)
         self.train_idx = np.asarray([i for i in range(len(ds)) if i not in held])
+        if self.train_idx.size == 0:
+            # nothing to batch: the step loop would look for a first batch for ever
+            raise InvalidArgumentError(
+                f"no training samples ({len(ds)} in the dataset, {len(held)} held out): the data stage produced "
+                "nothing to train on (prompts too long for the context, or --n-samples too small?)")
         self.d2t: Optional[np.ndarray] = None
         if settings.draft_vocab:
             self.d2t = draft_vocab(ds, self.train_idx, tt.embed.shape[0], settings.draft_vocab)
