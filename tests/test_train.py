@@ -339,6 +339,33 @@ _PROMPTS = [
 ]
 
 
+def _prompt_dataset(target: Path, tmp_path: Path, max_new_tokens: int):
+    """llama.cpp's greedy continuations of the 20 training prompts (the data stage, for real)."""
+    (tmp_path / "prompts.txt").write_text("\n".join(_PROMPTS) + "\n")
+    ds = generate_dataset(target, tmp_path / "data",
+                          DataSettings(n_samples=len(_PROMPTS), max_new_tokens=max_new_tokens, greedy_fraction=1.0,
+                                       n_parallel=8, n_threads=1, chat=False, n_ctx=2048),
+                          prompt_files=[tmp_path / "prompts.txt"], log=lambda s: None)
+    assert len(ds) == len(_PROMPTS)
+    return ds
+
+
+def chain4_tau(target: Path, drafter: Path, prompts: list, max_tokens: int) -> float:
+    """The native engine's greedy chain-4 tau of ``drafter`` over ``prompts`` (text or ids)."""
+    from moa_cpp.generator import SpeculativeGenerator
+
+    gen = SpeculativeGenerator.from_paths(target, drafter, draft="chain:4", n_ctx=1024, n_threads=1)
+    try:
+        accepted = calls = 0
+        for p in prompts:
+            r = gen.generate(p, max_tokens=max_tokens)
+            accepted += r.stats.accepted
+            calls += r.stats.target_calls
+        return (accepted + calls) / calls
+    finally:
+        gen.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("draft_vocab,tli", [(0, 0), (512, 0), (0, 1)], ids=["full-vocab", "reduced-vocab", "tli1"])
 def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Path, draft_vocab: int, tli: int) -> None:
@@ -366,15 +393,9 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
     target's last layer on every draft row).
     """
     from moa_cpp.convert import convert
-    from moa_cpp.generator import SpeculativeGenerator
 
     target = fixture_dir / "target-f32.gguf"
-    (tmp_path / "prompts.txt").write_text("\n".join(_PROMPTS) + "\n")
-    ds = generate_dataset(target, tmp_path / "data",
-                          DataSettings(n_samples=len(_PROMPTS), max_new_tokens=64, greedy_fraction=1.0,
-                                       n_parallel=8, n_threads=1, chat=False, n_ctx=2048),
-                          prompt_files=[tmp_path / "prompts.txt"], log=lambda s: None)
-    assert len(ds) == len(_PROMPTS)
+    ds = _prompt_dataset(target, tmp_path, 64)
     assert (tmp_path / "data" / "manifest.json").is_file()
     tt = TorchTarget.from_gguf(target)
     fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False,
@@ -406,20 +427,8 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
         finally:
             dm.close()
 
-    def tau(drafter: Path) -> float:
-        gen = SpeculativeGenerator.from_paths(target, drafter, draft="chain:4", n_ctx=1024, n_threads=1)
-        try:
-            accepted = calls = 0
-            for i in tr.train_idx[:8]:
-                s = ds.sample(i)
-                r = gen.generate(s[: int(ds.prompt_len[i])].tolist(), max_tokens=48)
-                accepted += r.stats.accepted
-                calls += r.stats.target_calls
-            return (accepted + calls) / calls
-        finally:
-            gen.close()
-
-    t_trained, t_random = tau(trained), tau(rand)
+    prompts = [ds.sample(i)[: int(ds.prompt_len[i])].tolist() for i in tr.train_idx[:8]]
+    t_trained, t_random = (chain4_tau(target, d, prompts, 48) for d in (trained, rand))
     assert t_trained > t_random + 1.0, (t_trained, t_random)
 
 
@@ -453,16 +462,10 @@ def test_tiny_smollm2_run_beats_random_drafter_on_heldout_prompts(tmp_path: Path
     """
     from moa_cpp import defaults
     from moa_cpp.convert import convert
-    from moa_cpp.generator import SpeculativeGenerator
 
     assert not set(_HELDOUT_PROMPTS) & set(_PROMPTS)
     target = Path(defaults.default_target())
-    (tmp_path / "prompts.txt").write_text("\n".join(_PROMPTS) + "\n")
-    ds = generate_dataset(target, tmp_path / "data",
-                          DataSettings(n_samples=len(_PROMPTS), max_new_tokens=48, greedy_fraction=1.0,
-                                       n_parallel=8, n_threads=1, chat=False, n_ctx=2048),
-                          prompt_files=[tmp_path / "prompts.txt"], log=lambda s: None)
-    assert len(ds) == len(_PROMPTS)
+    ds = _prompt_dataset(target, tmp_path, 48)
     tt = TorchTarget.from_gguf(target)
     fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False)
     sizes = dict(sa_ffn=64, ca_ffn=64, lsa_ffn=64)
@@ -474,19 +477,7 @@ def test_tiny_smollm2_run_beats_random_drafter_on_heldout_prompts(tmp_path: Path
                       target_gguf=target, progress=False)
     rand = make_random_drafter(target, tmp_path / "random.gguf", outtype="f32", **sizes)
 
-    def tau(drafter: Path) -> float:
-        gen = SpeculativeGenerator.from_paths(target, drafter, draft="chain:4", n_ctx=1024, n_threads=1)
-        try:
-            accepted = calls = 0
-            for p in _HELDOUT_PROMPTS:
-                r = gen.generate(p, max_tokens=32)
-                accepted += r.stats.accepted
-                calls += r.stats.target_calls
-            return (accepted + calls) / calls
-        finally:
-            gen.close()
-
-    t_trained, t_random = tau(trained), tau(rand)
+    t_trained, t_random = (chain4_tau(target, d, _HELDOUT_PROMPTS, 32) for d in (trained, rand))
     print(f"\nheld-out chain-4 tau: trained {t_trained:.3f}, random {t_random:.3f}")
     assert t_trained > t_random + 0.08, (t_trained, t_random)
 
