@@ -255,6 +255,7 @@ class Target:
                    install_callback=self._has_callback, flash_attn=self.flash_attn, kv_unified=self.kv_unified)
         t.repack, t.n_gpu_layers, t.rpc = self.repack, self.n_gpu_layers, self.rpc
         t._exact_known = self._exact_known          # same model, same build: same exactness
+        t._eog_tokens = self._eog_tokens            # same vocabulary (None: read on first use)
         t._max_exact_rows = self._max_exact_rows
         return t
 
