@@ -41,6 +41,11 @@ class Keys:
     DRAFT_VOCAB_SIZE = "moa.draft_vocab_size"            # optional: reduced draft vocabulary size
     TARGET_BUNDLED = "moa.target.bundled"                # bool, optional: target tensors in this file
     ROLE = "moa.role"                                    # string, optional: "full" (default) | "client" (bundle)
+    EVAL_ACCEPTANCE = "moa.eval.acceptance"              # f32 array, optional: held-out acceptance per depth
+    # The training record (`moa-cpp train`; a continuation with --init-from adds to its base's):
+    TRAIN_STEPS = "moa.train.steps"                      # optional: optimisation steps, all runs together
+    TRAIN_TOKEN_PASSES = "moa.train.token_passes"        # u64, optional: response tokens seen, all runs together
+    TRAIN_RUNS = "moa.train.runs"                        # string array, optional: one JSON record per run, oldest first
 
 
 # Module prefixes (paper names) and the HF source prefixes, mapped by prefix (never substring:

@@ -118,7 +118,7 @@ def _metadata(hp: Hparams, source_format: str, n_layers: int, tli: int,
 def convert(src: str | os.PathLike[str], out_path: str | os.PathLike[str], outtype: str = "f16",
             target_gguf: str | os.PathLike[str] | None = None, target_block_count: int | None = None,
             tli: int = 0, revision: str | None = None, progress: bool = True,
-            eval_acceptance: list[float] | None = None) -> Path:
+            eval_acceptance: list[float] | None = None, train_record: dict | None = None) -> Path:
     """Convert an HF MoA checkpoint (local dir or hub repo id) to a MoA drafter GGUF.
 
     ``eval_acceptance``: the drafter's held-out conditional acceptance per draft depth (the
@@ -148,7 +148,12 @@ def convert(src: str | os.PathLike[str], out_path: str | os.PathLike[str], outty
     if eval_acceptance:
         if not all(0.0 <= float(a) <= 1.0 for a in eval_acceptance):
             raise InvalidArgumentError(f"eval_acceptance {eval_acceptance}: rates must be in [0, 1]")
-        md["moa.eval.acceptance"] = [float(a) for a in eval_acceptance]
+        md[Keys.EVAL_ACCEPTANCE] = [float(a) for a in eval_acceptance]
+    if train_record:
+        unknown = set(train_record) - {Keys.TRAIN_STEPS, Keys.TRAIN_TOKEN_PASSES, Keys.TRAIN_RUNS}
+        if unknown:
+            raise InvalidArgumentError(f"train_record: unknown keys {sorted(unknown)}")
+        md.update(train_record)
     d2t = _draft_vocab(layout, hp)
     if d2t is not None:
         md[Keys.DRAFT_VOCAB_SIZE] = len(d2t)

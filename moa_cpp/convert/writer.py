@@ -27,18 +27,27 @@ _F32_KEYS = {Keys.RMS_EPS, Keys.ROPE_FREQ_BASE, Keys.EMBEDDING_SCALE}
 _STR_KEYS = {Keys.ROPE_QK_LAYOUT, Keys.TARGET_ARCH, Keys.LSA_INPUT_LAYOUT, Keys.SA_ROPE_SCALING,
              Keys.SOURCE_FORMAT}
 _BOOL_KEYS = {Keys.TARGET_BUNDLED}
+_U64_KEYS = {Keys.TRAIN_TOKEN_PASSES}   # paper-scale runs see ~10^10 token-passes: more than a u32
 
 
 def add_moa_kv(w: gguf.GGUFWriter, key: str, value: int | float | str | bool | list) -> None:
     """Add one ``moa.*`` key with the type the format fixes for it (docs/gguf-format.md)."""
-    if isinstance(value, (list, tuple)):          # moa.eval.acceptance: float32 array
-        w.add_array(key, [float(v) for v in value])
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, str) for v in value) and value:   # moa.train.runs: string array
+            w.add_array(key, list(value))
+        else:                                                  # moa.eval.acceptance: float32 array
+            w.add_array(key, [float(v) for v in value])
     elif key in _STR_KEYS:
         w.add_string(key, str(value))
     elif key in _F32_KEYS:
         w.add_float32(key, float(value))
     elif key in _BOOL_KEYS:
         w.add_bool(key, bool(value))
+    elif key in _U64_KEYS:
+        v = int(value)
+        if not 0 <= v < 2**64:
+            raise InvalidArgumentError(f"{key} = {value}: not a u64")
+        w.add_uint64(key, v)
     else:
         v = int(value)
         if not 0 <= v < 2**32:

@@ -95,10 +95,18 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init-from-target", action="store_true",
                    help="start SA from target layer 0 and CA from the last layer (with --sa-ffn/--ca-ffn = the "
                         "target's FFN width)")
-    p.add_argument("--sa-ffn", type=int, default=1024)
-    p.add_argument("--ca-ffn", type=int, default=1024)
-    p.add_argument("--lsa-ffn", type=int, default=192,
-                   help="LSA FFN width (192: most of a training step is the LSA; 384 trained slower, docs/training.md)")
+    p.add_argument("--sa-ffn", type=int, default=None, help="SA FFN width (default 1024; --init-from: the drafter's)")
+    p.add_argument("--ca-ffn", type=int, default=None, help="CA FFN width (default 1024; --init-from: the drafter's)")
+    p.add_argument("--lsa-ffn", type=int, default=None,
+                   help="LSA FFN width (default 192: most of a training step is the LSA; 384 trained slower, "
+                        "docs/training.md; --init-from: the drafter's)")
+    p.add_argument("--init-from", default=None, metavar="DRAFTER.gguf",
+                   help="continue training this drafter (its weights dequantized, its sizes and draft vocabulary; "
+                        "a fresh optimiser with the --warmup re-warm); its moa.train.* record is carried on")
+    p.add_argument("--warmup", type=int, default=50,
+                   help="LR warm-up steps (capped at 5%% of the run; 0: start at the peak LR)")
+    p.add_argument("--muon-ns-steps", type=int, default=5,
+                   help="Newton-Schulz iterations of Muon's orthogonalisation (a fixed share of each step)")
     p.add_argument("--features", default="cached", choices=["cached", "online"],
                    help="target features: computed once and cached in OUT/features (default; ~23 KB per token "
                         "for SmolLM2), or recomputed per batch (online: no cache, one target forward per step; "
@@ -142,6 +150,53 @@ def _check_prompt_specs(args: argparse.Namespace) -> None:
                                        "(pass the directory, or 'none' for no filter)")
 
 
+def _init_from(args: argparse.Namespace):
+    """The ``--init-from`` drafter (read and checked before any work), or None."""
+    if not args.init_from:
+        return None
+    from ..errors import InvalidArgumentError
+    from .init_from import read_drafter
+
+    base = read_drafter(args.init_from)
+    if args.draft_vocab and (base.d2t is None or len(base.d2t) != args.draft_vocab):
+        have = "the whole vocabulary" if base.d2t is None else f"{len(base.d2t)} tokens"
+        raise InvalidArgumentError(f"--draft-vocab {args.draft_vocab}: {base.path.name} drafts over {have} "
+                                   "(a continuation keeps its drafter's vocabulary; leave --draft-vocab out)")
+    return base
+
+
+_FFN_DEFAULTS = {"sa_ffn": 1024, "ca_ffn": 1024, "lsa_ffn": 192}
+
+
+def _sizes(args: argparse.Namespace, base) -> dict:
+    """FFN widths: given ones, else the --init-from drafter's (all its sizes), else the defaults."""
+    if base is not None:
+        return base.sizes | {k: getattr(args, k) for k in _FFN_DEFAULTS if getattr(args, k) is not None}
+    return {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in _FFN_DEFAULTS.items()}
+
+
+def _train_record(base, ts, summary: dict, ds, names: list, parts: list, train_seconds: float) -> dict:
+    """The ``moa.train.*`` keys of this run's GGUF (:func:`moa_cpp.train.init_from.next_record`)."""
+    import datetime
+    import platform
+
+    from .. import __version__
+    from .init_from import next_record
+
+    tokens = int(summary["history"][-1].get("tokens", 0)) if summary["history"] else 0
+    final = summary["final"]
+    recipe = {k: getattr(ts, k) for k in ("optimizer", "lr", "warmup", "min_lr_ratio", "batch_tokens", "ce_weight",
+                                          "t_min", "t_max", "staircase_until", "batching", "muon_ns_steps",
+                                          "skip_padding", "bf16", "device", "threads", "seed", "tli")}
+    run = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "moa_cpp": __version__, "machine": platform.machine(), "steps": int(summary["steps"]),
+           "token_passes": tokens, "train_seconds": round(train_seconds, 1), "recipe": recipe,
+           "data": {"samples": len(ds), "response_tokens": int(ds.n_response_tokens),
+                    "parts": [{"source": n, "samples": len(p)} for n, p in zip(names, parts)]},
+           "heldout": {k: round(float(v), 4) for k, v in final.items() if k == "tau" or k.startswith("acc@")}}
+    return next_record(base, int(summary["steps"]), tokens, run)
+
+
 def _manifest(d: Path):
     m = d / "manifest.json"
     return json.loads(m.read_text()) if m.is_file() else None
@@ -163,7 +218,13 @@ def run_train(args: argparse.Namespace) -> int:
     out = Path(args.out)
     target = _target_path(args.target)
     # checked before the (long) data generation
-    spec = spec_from_target(target, sa_ffn=args.sa_ffn, ca_ffn=args.ca_ffn, lsa_ffn=args.lsa_ffn)
+    base = _init_from(args)
+    if base is not None:
+        from .init_from import check_compatible
+        check_compatible(base, spec_from_target(target), args.tli, sizes=False)
+    spec = spec_from_target(target, **_sizes(args, base))
+    if base is not None:
+        check_compatible(base, spec, args.tli)
     if not 0 <= args.tli < spec.target_layers:
         raise InvalidArgumentError(f"--tli {args.tli}: must be in 0..{spec.target_layers - 1} (the target has "
                                    f"{spec.target_layers} layers)")
@@ -179,6 +240,8 @@ def run_train(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"--staircase-until {args.staircase_until}: a fraction in [0, 1]")
     if args.draft_vocab < 0:
         raise InvalidArgumentError(f"--draft-vocab {args.draft_vocab}: must be >= 0 (0: whole vocabulary)")
+    if args.warmup < 0 or args.muon_ns_steps < 1:
+        raise InvalidArgumentError("--warmup must be >= 0 and --muon-ns-steps >= 1")
     if args.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
         raise InvalidArgumentError(f"--optimizer muon: needs torch >= 2.9 (installed {torch.__version__}); "
                                    "use --optimizer adamw")
@@ -228,8 +291,11 @@ def run_train(args: argparse.Namespace) -> int:
                        eval_every=args.eval_every, draft_vocab=args.draft_vocab, tli=args.tli,
                        init_from_target=args.init_from_target, device=device, batching=args.batching,
                        t_min=args.t_range[0], t_max=args.t_range[1], staircase_until=args.staircase_until,
-                       optimizer=args.optimizer)
-    tr = Trainer(spec, tt, ds, fs, out, ts)
+                       optimizer=args.optimizer, warmup=args.warmup, muon_ns_steps=args.muon_ns_steps,
+                       init_from=str(args.init_from) if args.init_from else None)
+    if base is not None:
+        ts.draft_vocab = 0 if base.d2t is None else len(base.d2t)
+    tr = Trainer(spec, tt, ds, fs, out, ts, init=base)
     summary = tr.run()
     t_train = time.time() - t0 - t_data - t_feat
     snap = tr.model.save(out / "snapshot", extra={"settings": {k: v for k, v in vars(ts).items()},
@@ -239,8 +305,9 @@ def run_train(args: argparse.Namespace) -> int:
                                                   "final": summary["final"]})
     final = summary["final"]
     acceptance = [final[f"acc@{k}"] for k in range(1, 9) if f"acc@{k}" in final] or None
+    record = _train_record(base, ts, summary, ds, names, parts, t_train)
     gguf = convert(snap, out / "drafter.gguf", outtype=args.outtype, target_gguf=target, tli=args.tli,
-                   progress=False, eval_acceptance=acceptance)
+                   progress=False, eval_acceptance=acceptance, train_record=record)
     if args.install_default:
         from ..defaults import DEFAULT_DRAFTER
         DEFAULT_DRAFTER.parent.mkdir(parents=True, exist_ok=True)
@@ -251,7 +318,8 @@ def run_train(args: argparse.Namespace) -> int:
                         for name, p in zip(names, parts)],
               "seconds": {"data": t_data, "features": t_feat, "train": t_train, "total": time.time() - t0},
               "steps": summary["steps"], "epochs": summary["epochs"], "final": summary["final"],
-              "heldout_init": summary["history"][0], "heldout_final": summary["history"][-1]}
+              "heldout_init": summary["history"][0], "heldout_final": summary["history"][-1],
+              "train_record": {k: v for k, v in record.items() if not k.endswith(".runs")}}
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "history"}, indent=2))
     return 0

@@ -235,25 +235,42 @@ class MoaDrafter(nn.Module):
 
     # ------------------------------------------------------------------ forward
 
-    def ca_kv(self, lsa_in: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """CA keys/values of verified tokens: ``lsa_in`` ``[B, S, L, W]`` -> K, V ``[B, h_ca, S, D]``."""
+    def _lsa_pooled(self, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """LSA over ``rows`` ``[N, L, W]`` (one sequence of L layer rows per position, no mask,
+        §4), mean over the layers -> ``[N, W]``. SDPA's CUDA kernels fail once batch x heads
+        passes 65,535 (a 16k-token GPU batch has 16k LSA "sequences"): run in chunks under it."""
+        step = max(1, _SDPA_MAX_BATCH // self.spec.lsa_heads)
+        if rows.shape[0] <= step:
+            return self.layer_self_attention(rows, cos, sin, None).mean(dim=1)
+        return torch.cat([self.layer_self_attention(rows[i:i + step], cos, sin, None).mean(dim=1)
+                          for i in range(0, rows.shape[0], step)])
+
+    def ca_kv(self, lsa_in: torch.Tensor, positions: torch.Tensor,
+              valid: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """CA keys/values of verified tokens: ``lsa_in`` ``[B, S, L, W]`` -> K, V ``[B, h_ca, S, D]``.
+        ``valid`` ``[B, S]``: False marks right padding (its LSA is skipped)."""
         s = self.spec
         B, S, L, W = lsa_in.shape
         pos_l = torch.arange(L, device=lsa_in.device)
         cos, sin = rope_cos_sin(pos_l, s.lsa_head_dim, s.rope_theta)
         rows = lsa_in.reshape(B * S, L, W)
-        # SDPA's CUDA kernels fail once batch x heads passes 65,535 (a 16k-token GPU batch has
-        # 16k LSA "sequences" of L rows): run the LSA in row chunks that stay under it
-        step = max(1, _SDPA_MAX_BATCH // s.lsa_heads)
-        y = torch.cat([self.layer_self_attention(rows[i:i + step], cos, sin, None)  # no mask (§4)
-                       for i in range(0, B * S, step)]) if B * S > step else \
-            self.layer_self_attention(rows, cos, sin, None)
-        e = self.Ekv2E(y.mean(dim=1)).view(B, S, s.d)
+        if valid is not None and not bool(valid.all()):
+            # padding follows every real row and no real row attends it (CA masks, loss on
+            # response rows only): its LSA is wasted work (16-32 % of a batch's rows). Padded
+            # rows get Ekv2E(0) = the bias instead.
+            keep = valid.reshape(-1)
+            pooled = rows.new_zeros(B * S, W, dtype=torch.float32)
+            kept = self._lsa_pooled(rows[keep], cos, sin)
+            pooled = pooled.to(kept.dtype).index_put((keep.nonzero(as_tuple=True)[0],), kept)
+        else:
+            pooled = self._lsa_pooled(rows, cos, sin)
+        e = self.Ekv2E(pooled).view(B, S, s.d)
         cos, sin = rope_cos_sin(positions, s.head_dim, s.rope_theta)
         return self.cross_attention.kv(e, cos[:, None], sin[:, None])
 
     def forward(self, tokens: torch.Tensor, lsa_in: torch.Tensor, sa_mask: torch.Tensor,
-                ca_mask: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+                ca_mask: torch.Tensor, positions: Optional[torch.Tensor] = None,
+                valid: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Drafter output ``z`` ``[B, S, d]`` (feed :meth:`logits`).
 
         Args:
@@ -261,11 +278,12 @@ class MoaDrafter(nn.Module):
             lsa_in: ``[B, S, L, W]`` target K/V rows of every position (HF layout).
             sa_mask / ca_mask: ``[B, 1, S, S]`` booleans, True = row may see column.
             positions: ``[B, S]`` absolute positions (default ``0..S-1``).
+            valid: ``[B, S]`` False on right padding (never attended by a real row): its LSA is skipped.
         """
         B, S = tokens.shape
         if positions is None:
             positions = torch.arange(S, device=tokens.device).expand(B, S)
-        kc, vc = self.ca_kv(lsa_in, positions)
+        kc, vc = self.ca_kv(lsa_in, positions, valid)
         cos, sin = rope_cos_sin(positions, self.spec.head_dim, self.spec.rope_theta)
         cos, sin = cos[:, None], sin[:, None]
         x = F.embedding(tokens, self.embed) * self.spec.embedding_scale

@@ -37,7 +37,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import torch
@@ -49,6 +49,8 @@ from .data import Dataset
 from .masks import bounded_masks
 from .model import MoaDrafter
 from .target_torch import TargetFeatures, TorchTarget
+if TYPE_CHECKING:
+    from .init_from import DrafterWeights
 from .vocab import draft_vocab, vocab_coverage
 
 __all__ = ["TrainSettings", "FeatureStore", "OnlineFeatures", "compute_features", "Trainer", "eval_acceptance",
@@ -132,6 +134,9 @@ class TrainSettings:
     tli: int = 0                        # target layer inference N (features need resid_layer = L - N)
     init_from_target: bool = False      # SA from target layer 0, CA from the last layer (sizes must match)
     device: str = "cpu"                 # "cpu" or "cuda[:i]" (resolve "auto" with resolve_device)
+    skip_padding: bool = True           # no LSA on padded rows (exact; 16-32 % of rows)
+    muon_ns_steps: int = 5              # Newton-Schulz iterations of Muon's orthogonalisation
+    init_from: Optional[str] = None     # the drafter GGUF a continuation started from (recorded only)
 
 
 def lr_at(step: int, total: int, s: TrainSettings) -> float:
@@ -190,7 +195,8 @@ def make_optimizer(model: torch.nn.Module, s: TrainSettings) -> "torch.optim.Opt
         if p.requires_grad:
             (muon if p.ndim == 2 and name.startswith(layers) else rest).append(p)
     muon_cls = torch.optim.Muon if s.bf16 else _MuonF32
-    return _Optimizers([muon_cls(muon, lr=s.lr, weight_decay=s.weight_decay, adjust_lr_fn="match_rms_adamw"),
+    return _Optimizers([muon_cls(muon, lr=s.lr, weight_decay=s.weight_decay, adjust_lr_fn="match_rms_adamw",
+                                 ns_steps=s.muon_ns_steps),
                         torch.optim.AdamW(rest, **adamw)])
 
 
@@ -349,16 +355,18 @@ def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = N
     return FeatureStore(lsa, hidden, resid)
 
 
-def _tokens_and_mask(ds: Dataset, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded token ids [B, S] of samples ``idx`` and the response mask (True from each
-    prompt's end to the sample's end): what the cached and the online batches share."""
+def _tokens_and_mask(ds: Dataset, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded token ids [B, S] of samples ``idx``, the response mask (True from each
+    prompt's end to the sample's end) and the valid mask (False on padding): what the cached and
+    the online batches share."""
     lens = [int(ds.offsets[j + 1] - ds.offsets[j]) for j in idx]
     toks = torch.zeros(len(idx), max(lens), dtype=torch.long)
     resp = torch.zeros(len(idx), max(lens), dtype=torch.bool)
+    valid = torch.arange(max(lens))[None, :] < torch.tensor(lens)[:, None]
     for r, j in enumerate(idx):
         toks[r, :lens[r]] = torch.from_numpy(ds.sample(j).astype(np.int64))
         resp[r, int(ds.prompt_len[j]):lens[r]] = True
-    return toks, resp
+    return toks, resp, valid
 
 
 def _batch(ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int],
@@ -367,7 +375,7 @@ def _batch(ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int],
     with :class:`OnlineFeatures` the target runs on the batch instead."""
     if isinstance(fs, OnlineFeatures):
         return _online_batch(ds, fs, idx, device)
-    toks, resp = _tokens_and_mask(ds, idx)
+    toks, resp, valid = _tokens_and_mask(ds, idx)
     B, S = toks.shape
     L, W = fs.lsa.shape[1:]
     lsa = torch.zeros(B, S, L, W)
@@ -379,7 +387,7 @@ def _batch(ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int],
         hid[r, :b - a] = torch.from_numpy(fs.hidden[a:b])
         if resid is not None:
             resid[r, :b - a] = torch.from_numpy(np.asarray(fs.resid[a:b], dtype=np.float32))
-    out = {"tokens": toks, "lsa": lsa, "hidden": hid, "response": resp}
+    out = {"tokens": toks, "lsa": lsa, "hidden": hid, "response": resp, "valid": valid}
     if resid is not None:
         out["resid"] = resid
     return {k: v.to(device, non_blocking=True) for k, v in out.items()}  # no-op on the CPU
@@ -387,10 +395,10 @@ def _batch(ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int],
 
 def _online_batch(ds: Dataset, fs: OnlineFeatures, idx: list[int],
                   device: torch.device | str) -> dict[str, torch.Tensor]:
-    toks, resp = _tokens_and_mask(ds, idx)
-    toks, resp = toks.to(device), resp.to(device)
+    toks, resp, valid = _tokens_and_mask(ds, idx)
+    toks, resp, valid = toks.to(device), resp.to(device), valid.to(device)
     lsa, hid, resid = fs.batch(toks)
-    out = {"tokens": toks, "lsa": lsa.to(device), "hidden": hid.to(device), "response": resp}
+    out = {"tokens": toks, "lsa": lsa.to(device), "hidden": hid.to(device), "response": resp, "valid": valid}
     if resid is not None:
         out["resid"] = resid.to(device)
     return out
@@ -440,14 +448,15 @@ def _autocast(enabled: bool, device_type: str = "cpu"):
 
 
 def loss_fn(model: MoaDrafter, b: dict[str, torch.Tensor], T: torch.Tensor, stair: torch.Tensor,
-            ce_weight: float, bf16: bool) -> tuple[torch.Tensor, dict[str, float]]:
+            ce_weight: float, bf16: bool, skip_padding: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss over response positions (spec §21.2): TLI 0 ``0.1 * softCE + SmoothL1(z, h)``; TLI N
     ``0.1 * softCE + 0.5 * SmoothL1(final, h) + 0.5 * SmoothL1(z, resid_{L-N})``, where ``final``
-    is the post-norm output of the target's last N layers run on ``z`` (:meth:`MoaDrafter.head_input`)."""
+    is the post-norm output of the target's last N layers run on ``z`` (:meth:`MoaDrafter.head_input`).
+    ``skip_padding``: no LSA on right padding (exact: no real row attends it)."""
     sa, ca, start = bounded_masks(b["response"], T, stair)
     dt = b["tokens"].device.type
     with _autocast(bf16, dt):
-        z = model(b["tokens"], b["lsa"], sa, ca)
+        z = model(b["tokens"], b["lsa"], sa, ca, valid=b.get("valid") if skip_padding else None)
         u = model.head_input(z, b["lsa"], start)
     sel = b["response"]
     ur = u[sel].float()
@@ -525,9 +534,11 @@ class Trainer:
     """Owns the model, optimiser, data split and checkpoints of one run directory."""
 
     def __init__(self, spec: DrafterSpec, tt: TorchTarget, ds: Dataset, fs: "FeatureStore | OnlineFeatures",
-                 out_dir: Path, settings: TrainSettings, log: Callable[[str], None] = print) -> None:
+                 out_dir: Path, settings: TrainSettings, log: Callable[[str], None] = print,
+                 init: "Optional[DrafterWeights]" = None) -> None:
         """``settings.draft_vocab`` > 0 chooses a reduced draft vocabulary from the training split
-        (:func:`moa_cpp.train.vocab.draft_vocab`)."""
+        (:func:`moa_cpp.train.vocab.draft_vocab`). ``init`` (:func:`moa_cpp.train.init_from.read_drafter`):
+        start from that drafter's weights and keep its draft vocabulary (its head rows belong to it)."""
         self.s = settings
         self.ds, self.fs, self.out, self.log = ds, fs, Path(out_dir), log
         self.out.mkdir(parents=True, exist_ok=True)
@@ -544,7 +555,13 @@ class Trainer:
                 f"no training samples ({len(ds)} in the dataset, {len(held)} held out): the data stage produced "
                 "nothing to train on (prompts too long for the context, or --n-samples too small?)")
         self.d2t: Optional[np.ndarray] = None
-        if settings.draft_vocab:
+        self.init = init
+        if init is not None:
+            self.d2t = init.d2t
+            if self.d2t is not None:
+                log(f"train: draft vocabulary of {init.path.name}: {len(self.d2t)} tokens (covers "
+                    f"{vocab_coverage(ds, self.heldout, self.d2t):.1%} of held-out response tokens)")
+        elif settings.draft_vocab:
             self.d2t = draft_vocab(ds, self.train_idx, tt.embed.shape[0], settings.draft_vocab)
             log(f"train: reduced draft vocabulary {len(self.d2t)} of {tt.embed.shape[0]} tokens "
                 f"(covers {vocab_coverage(ds, self.heldout, self.d2t):.1%} of held-out response tokens)")
@@ -552,7 +569,11 @@ class Trainer:
         self.model = MoaDrafter(spec, tt.embed.data.cpu(),
                                 None if tt.lm_head is tt.embed else tt.lm_head.data.cpu(), d2t=self.d2t)
         self.model.init_weights(settings.seed, settings.init_std)
-        if settings.init_from_target:
+        if init is not None:
+            self.model.load_hf(init.tensors)
+            log(f"train: continuing {init.path.name} ({init.steps} steps, {init.token_passes} token passes "
+                f"recorded{'' if init.recorded else ': the file has no training record'})")
+        elif settings.init_from_target:
             self.model.init_from_target(tt)
         self.model.to(settings.device)
         # the concrete device ("cuda" -> "cuda:0"), so it compares equal to the target's
@@ -654,7 +675,9 @@ class Trainer:
         budgeted = self.total is None
         total_guess = self.total or max_steps
         bar = tqdm(total=total_guess, initial=self.step, desc="train", unit="step", mininterval=2)
-        last = {}
+        # the latest held-out estimate until the loop makes a new one (a 0-step run keeps it)
+        last = {k2: v for k2, v in (self.history[-1] if self.history else {}).items()
+                if k2 == "tau" or k2.startswith("acc@")}
         tokens_seen = self.history[-1].get("tokens", 0) if self.history else 0
         while self.total is None or self.step < self.total:
             _, batch_ids = self.batch_at(self.step)
@@ -664,7 +687,7 @@ class Trainer:
             T, stair = (t.to(self.device) for t in self._draws(self.step, len(batch_ids), progress))
             for g in self.opt.param_groups:
                 g["lr"] = lr_at(self.step, total, s)
-            loss, parts = loss_fn(self.model, b, T, stair, s.ce_weight, s.bf16)
+            loss, parts = loss_fn(self.model, b, T, stair, s.ce_weight, s.bf16, s.skip_padding)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.clip)
