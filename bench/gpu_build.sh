@@ -13,7 +13,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target "$STORE/sit
 mkdir -p "$STORE/src"
 tar xzf "$STORE/files/llama-src.tar.gz" -C "$STORE/src" || finish 11
 # LLAVA_BUILD=OFF: the multimodal library is not used here and doubles the build
-CMAKE_ARGS="-DGGML_CUDA=ON -DGGML_RPC=ON -DLLAVA_BUILD=OFF -DCMAKE_CUDA_ARCHITECTURES=$ARCH" \
+# the host CPU's flags too (no AMX kernels on an AMX host: scripts/llama_cpu_flags.sh)
+CMAKE_ARGS="-DGGML_CUDA=ON -DGGML_RPC=ON -DLLAVA_BUILD=OFF -DCMAKE_CUDA_ARCHITECTURES=$ARCH $(bash scripts/llama_cpu_flags.sh)" \
 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
     python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$STORE/site" \
     "$STORE/src/llama_cpp_python-0.3.36" || finish 12

@@ -39,12 +39,34 @@ def _prompt_key(obj: dict) -> str:
 
 
 def _run_prompts(run: Path) -> set[str]:
+    """Prompts a run trained on: ``prompts.jsonl`` of its ``data``/``data-fixed`` (or of ``run``
+    itself, for an --exclude directory); none for a GGUF (pass what it trained on with --exclude)."""
     keys: set[str] = set()
-    for sub in ("data", "data-fixed"):
-        f = run / sub / "prompts.jsonl"
+    for f in (run / "data" / "prompts.jsonl", run / "data-fixed" / "prompts.jsonl", run / "prompts.jsonl"):
         if f.is_file():
             keys |= {_prompt_key(json.loads(line)) for line in f.read_text().splitlines() if line.strip()}
     return keys
+
+
+def label(run: str) -> str:
+    """A row's name: the run directory's, or ``dir/file`` for a GGUF (continuations all write drafter.gguf)."""
+    p = Path(run)
+    return f"{p.parent.name}/{p.name}" if p.suffix == ".gguf" else p.name
+
+
+def load_gguf(path: Path, tt: TorchTarget, target_path: str) -> tuple[MoaDrafter, dict]:
+    """A drafter GGUF (dequantized, as ``moa-cpp train --init-from`` reads it) and its training record."""
+    from moa_cpp.random_drafter import spec_from_target
+    from moa_cpp.train.init_from import read_drafter
+
+    dw = read_drafter(path)
+    model = MoaDrafter(spec_from_target(target_path, **dw.sizes), tt.embed.data,
+                       None if tt.lm_head is tt.embed else tt.lm_head.data, d2t=dw.d2t)
+    model.load_hf(dw.tensors)
+    if dw.tli:
+        model.attach_tli(tt, dw.tli)
+    return model.eval(), {"steps": dw.steps if dw.recorded else None, "total_steps": dw.steps if dw.recorded else None,
+                          "token_passes": dw.token_passes if dw.recorded else None}
 
 
 def load_snapshot(snap: Path, tt: TorchTarget) -> MoaDrafter:
@@ -82,14 +104,14 @@ def write_report(res: dict, out_json: Path) -> None:
     for r in res["rows"]:
         sec = (r.get("seconds") or {}).get("train")
         (lo, hi), (dlo, dhi) = r["tau_ci95"], r["diff_vs_first_ci95"]
-        lines.append(f"| {Path(r['run']).name} | {r.get('steps')} | {'-' if sec is None else f'{sec:.0f}'} | "
+        lines.append(f"| {label(r['run'])} | {r.get('steps')} | {'-' if sec is None else f'{sec:.0f}'} | "
                      f"{r['tau']:.3f} | {lo:.3f}-{hi:.3f} | {dlo:+.3f} to {dhi:+.3f} | {r['acc@1']:.3f} |")
     out_json.with_suffix(".md").write_text("\n".join(lines) + "\n")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [Path(r["run"]).name for r in res["rows"]]
+    names = [label(r["run"]) for r in res["rows"]]
     tau = np.array([r["tau"] for r in res["rows"]])
     ci = np.array([r["tau_ci95"] for r in res["rows"]])
     fig, ax = plt.subplots(figsize=(1.2 * len(names) + 2, 3.5))
@@ -104,7 +126,10 @@ def write_report(res: dict, out_json: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", help="run directories (with snapshot/ and their data dirs)")
+    ap.add_argument("runs", nargs="+", help="run directories (with snapshot/ and their data dirs) or drafter GGUFs")
+    ap.add_argument("--exclude", nargs="*", default=[],
+                    help="more directories holding prompts.jsonl (or data/, data-fixed/) of prompts a compared "
+                         "drafter trained on (a GGUF does not say): their held-out conversations are dropped")
     ap.add_argument("--heldout", required=True, help="data directory of the held-out conversations")
     ap.add_argument("--target", default="smollm2")
     ap.add_argument("--threads", type=int, default=2)
@@ -116,18 +141,25 @@ def main() -> int:
     tt = TorchTarget.from_gguf(_target_path(a.target))
     fs = compute_features(tt, ds, held / "features", bf16=resolve_bf16("auto", "cpu"))
     keys = [_prompt_key(json.loads(line)) for line in (held / "prompts.jsonl").read_text().splitlines()]
-    seen = set().union(*(_run_prompts(Path(r)) for r in a.runs))
+    seen = set().union(*(_run_prompts(Path(r)) for r in [*a.runs, *a.exclude]))
     idx = [i for i in range(len(ds)) if ds.greedy[i] and keys[i] not in seen]
     print(f"held-out: {len(idx)} of {len(ds)} conversations ({len(ds) - len(idx)} dropped: trained on or sampled)")
     rows, per_run = [], []
     for r in a.runs:
         run = Path(r)
-        model = load_snapshot(run / "snapshot", tt)
+        if run.suffix == ".gguf":
+            model, rep = load_gguf(run, tt, _target_path(a.target))
+        else:
+            model = load_snapshot(run / "snapshot", tt)
+            rep = json.loads((run / "report.json").read_text()) if (run / "report.json").is_file() else {}
+            rec = rep.get("train_record") or {}
+            rep["token_passes"] = rec.get("moa.train.token_passes")
+            rep["total_steps"] = rec.get("moa.train.steps")
         per: list[tuple[int, int]] = []
         ev = eval_acceptance(model, ds, fs, idx, per_sample=per)
         per_run.append(per)
-        rep = json.loads((run / "report.json").read_text()) if (run / "report.json").is_file() else {}
         rows.append({"run": str(run), **ev, "seconds": rep.get("seconds"), "steps": rep.get("steps"),
+                     "token_passes": rep.get("token_passes"), "total_steps": rep.get("total_steps"),
                      "samples": rep.get("samples"), "response_tokens": rep.get("response_tokens")})
         print(f"{run}: tau {ev['tau']:.3f}  acc@1 {ev['acc@1']:.3f}  acc@4 {ev['acc@4']:.3f}  "
               f"({ev['cycles']:.0f} cycles)")

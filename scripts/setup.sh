@@ -23,17 +23,26 @@ python -m pip install -q "scikit-build-core>=0.10" cmake ninja
 # a plain build), so this build is kept in a wheel cache of its own, keyed by its flags.
 LLAMA_FLAGS="-DGGML_RPC=ON"
 FLAVOUR=cpu-rpc
+# Intel CPUs with AMX: the native build minus AMX (its kernels crash in this llama.cpp; see the script)
+CPU_FLAGS=$(bash scripts/llama_cpu_flags.sh)
+NO_AMX=0
+if [ -n "$CPU_FLAGS" ]; then
+  NO_AMX=1
+  LLAMA_FLAGS="$LLAMA_FLAGS $CPU_FLAGS"
+  FLAVOUR=cpu-rpc-noamx
+fi
 if [ "${MOA_CUDA:-0}" = 1 ]; then
   command -v nvcc >/dev/null || { echo "MOA_CUDA=1: nvcc not found (install the CUDA toolkit or put it on PATH)" >&2; exit 1; }
   ARCH="${MOA_CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d . | sort -u | paste -sd';' -)}"
   [ -n "$ARCH" ] || { echo "MOA_CUDA=1: no GPU seen by nvidia-smi; set MOA_CUDA_ARCH (e.g. 90)" >&2; exit 1; }
-  LLAMA_FLAGS="-DGGML_RPC=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH"
-  FLAVOUR="cuda${ARCH//;/-}-rpc"
+  LLAMA_FLAGS="$LLAMA_FLAGS -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH"   # keeps the no-AMX flags
+  FLAVOUR="cuda${ARCH//;/-}-$FLAVOUR"
 fi
 WHEELS="${MOA_WHEEL_CACHE:-$HOME/.cache/moa_cpp/wheels}/$FLAVOUR"
 # The installed build is kept if it has the wanted backends: RPC always, CUDA with MOA_CUDA=1
-# (a CPU build is then replaced; a plain run keeps a CUDA build that is already there).
-has_build() { python -c "import sys, llama_cpp as l; sys.exit(0 if l.__version__ == '0.3.36' and l.llama_supports_rpc() and ('${MOA_CUDA:-0}' != '1' or b'CUDA' in l.llama_print_system_info()) else 1)" 2>/dev/null; }
+# (a CPU build is then replaced; a plain run keeps a CUDA build that is already there), and no AMX
+# kernels on an AMX CPU (an AMX build is replaced).
+has_build() { python -c "import sys, llama_cpp as l; i = l.llama_print_system_info(); sys.exit(0 if l.__version__ == '0.3.36' and l.llama_supports_rpc() and ('${MOA_CUDA:-0}' != '1' or b'CUDA' in i) and ('$NO_AMX' != '1' or b'AMX_INT8 = 1' not in i) else 1)" 2>/dev/null; }
 if ! has_build; then
   whl=$(ls "$WHEELS"/llama_cpp_python-0.3.36-*.whl 2>/dev/null | head -n 1 || true)
   if [ -z "$whl" ]; then

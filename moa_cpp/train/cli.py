@@ -105,6 +105,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "a fresh optimiser with the --warmup re-warm); its moa.train.* record is carried on")
     p.add_argument("--warmup", type=int, default=50,
                    help="LR warm-up steps (capped at 5%% of the run; 0: start at the peak LR)")
+    p.add_argument("--ce-weight", type=float, default=0.1,
+                   help="weight of the soft cross-entropy against the feature regression (the paper's 0.1)")
+    p.add_argument("--lsa-on-padding", action="store_true",
+                   help="run the LSA on padded rows too (same result, slower: for timing A/Bs)")
     p.add_argument("--muon-ns-steps", type=int, default=5,
                    help="Newton-Schulz iterations of Muon's orthogonalisation (a fixed share of each step)")
     p.add_argument("--features", default="cached", choices=["cached", "online"],
@@ -240,8 +244,8 @@ def run_train(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"--staircase-until {args.staircase_until}: a fraction in [0, 1]")
     if args.draft_vocab < 0:
         raise InvalidArgumentError(f"--draft-vocab {args.draft_vocab}: must be >= 0 (0: whole vocabulary)")
-    if args.warmup < 0 or args.muon_ns_steps < 1:
-        raise InvalidArgumentError("--warmup must be >= 0 and --muon-ns-steps >= 1")
+    if args.warmup < 0 or args.muon_ns_steps < 1 or not args.ce_weight >= 0:
+        raise InvalidArgumentError("--warmup and --ce-weight must be >= 0, --muon-ns-steps >= 1")
     if args.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
         raise InvalidArgumentError(f"--optimizer muon: needs torch >= 2.9 (installed {torch.__version__}); "
                                    "use --optimizer adamw")
@@ -292,6 +296,7 @@ def run_train(args: argparse.Namespace) -> int:
                        init_from_target=args.init_from_target, device=device, batching=args.batching,
                        t_min=args.t_range[0], t_max=args.t_range[1], staircase_until=args.staircase_until,
                        optimizer=args.optimizer, warmup=args.warmup, muon_ns_steps=args.muon_ns_steps,
+                       skip_padding=not args.lsa_on_padding, ce_weight=args.ce_weight,
                        init_from=str(args.init_from) if args.init_from else None)
     if base is not None:
         ts.draft_vocab = 0 if base.d2t is None else len(base.d2t)

@@ -1,0 +1,58 @@
+"""Learning curve across continuations (issue 22): common held-out chain-4 tau against the
+cumulative token passes each drafter's ``moa.train.*`` record holds (log x), with 95 % bootstrap
+intervals, from ``bench/heldout_tau.py`` results.
+
+    python bench/continuation_curve.py bench/results/issue22-*.json --out bench/results/issue22-curve.png
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def points(files: list[str]) -> list[dict]:
+    """Every scored drafter with a training record, once (the latest file's score wins)."""
+    seen: dict[str, dict] = {}
+    for f in files:
+        res = json.loads(Path(f).read_text())
+        for r in res["rows"]:
+            if r.get("token_passes"):
+                seen[r["run"]] = {"run": r["run"], "token_passes": r["token_passes"], "steps": r.get("total_steps"),
+                                  "tau": r["tau"], "ci": r["tau_ci95"], "n": res["n_heldout"], "file": f}
+    return sorted(seen.values(), key=lambda p: p["token_passes"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", nargs="+")
+    ap.add_argument("--out", required=True, help="PNG (a JSON of the points is written beside it)")
+    a = ap.parse_args()
+    pts = points(a.results)
+    out = Path(a.out)
+    out.with_suffix(".json").write_text(json.dumps(pts, indent=2) + "\n")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = [p["token_passes"] for p in pts]
+    y = [p["tau"] for p in pts]
+    err = [[p["tau"] - p["ci"][0] for p in pts], [p["ci"][1] - p["tau"] for p in pts]]
+    ax.errorbar(x, y, yerr=err, fmt="o-", capsize=4)
+    for p in pts:
+        ax.annotate(Path(p["run"]).parent.name or Path(p["run"]).name, (p["token_passes"], p["tau"]),
+                    textcoords="offset points", xytext=(4, -12), fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("cumulative token passes (response tokens seen in training, all runs)")
+    ax.set_ylabel("common held-out chain-4 tau")
+    ax.set_title(f"SmolLM2 drafter across continuations ({pts[0]['n'] if pts else 0} held-out conversations)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    print(json.dumps(pts, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Issue 22: training that accumulates. Every run starts from a drafter GGUF (--init-from) and is
+# scored on ONE common held-out set (bench/heldout_tau.py) against the drafter it started from.
+#
+#   bash bench/continue_train.sh prepare          held-out set, what the shipped drafter trained on,
+#                                                 this round's data + features (~20 min on 2 cores)
+#   bash bench/continue_train.sh ab [NAME...]     equal wall-clock A/Bs (MINUTES, default 5, each)
+#                                                 from BASE, on this round's data and features
+#   bash bench/continue_train.sh long NAME[+NAME...]   the winners for MINUTES (default 60) -> out/cont/ROUND-long
+#   bash bench/continue_train.sh score RUN...     common held-out tau of BASE and each RUN (dir or GGUF)
+#
+# BASE (default: the shipped drafter) is what runs continue from; ROUND (default c1) names this
+# round's data (SEED, default 1: ShareGPT answers no earlier round drew with its seed) and FIXED
+# (default 1300) teacher-forced answers. REPORT names bench/results/REPORT.{json,md,png}.
+# Training is CPU-bound: run this alone (other load slows llama.cpp and torch alike).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+MOA=".venv/bin/moa-cpp"
+BASE=${BASE:-moa_cpp/data/moa-smollm2-135m-instruct.gguf}
+ROUND=${ROUND:-c1} SEED=${SEED:-1} FIXED=${FIXED:-1300}
+SRC=out/cont/$ROUND
+DATA="--target smollm2 --n-samples 0 --fixed-answers $FIXED --seed $SEED"
+declare -A FLAGS=([rewarm]="" [nowarm]="--warmup 0" [ns3]="--muon-ns-steps 3" [padlsa]="--lsa-on-padding"
+                  [ce0.3]="--ce-weight 0.3" [t5]="--t-range 5 5" [lr1e-3]="--lr 1e-3")
+mode=${1:?usage: prepare | ab [NAME...] | long NAME | score RUN...}; shift
+
+score() {  # REPORT, runs...
+    local report=$1; shift
+    $PY bench/heldout_tau.py --heldout out/heldout/data "$BASE" "$@" --exclude out/cont/base-trained-on \
+        --out bench/results/$report.json
+}
+
+case $mode in
+prepare)
+    # the common held-out set of issue 12: 64 greedy answers to ShareGPT prompts (seed 7)
+    test -f out/heldout/data/manifest.json || $MOA train --target smollm2 --out out/heldout --prompts sharegpt \
+        --seed 7 --n-samples 64 --greedy-fraction 1 --data-only --data-minutes 4
+    # what the shipped drafter trained on (a GGUF does not list its prompts): its 1,200 teacher-forced
+    # answers (seed 0) and, for its 153 self-distilled answers, the first 400 ShareGPT prompts of the
+    # seed-0 order its data stage walked through (a superset)
+    mkdir -p out/cont/base-trained-on
+    test -f out/cont/base-trained-on/data-fixed/prompts.jsonl || $MOA train --target smollm2 \
+        --out out/cont/base-trained-on --n-samples 0 --fixed-answers 1200 --seed 0 --data-only
+    $PY - <<'EOF'
+import json, numpy as np
+from moa_cpp.train.data import load_prompts
+prompts, _ = load_prompts(["sharegpt"], seed=0, log=lambda s: None)
+order = np.random.default_rng(0).permutation(len(prompts))          # generate_dataset's order
+with open("out/cont/base-trained-on/prompts.jsonl", "w") as f:
+    for j in order[:400]:
+        f.write(json.dumps({"prompt": prompts[int(j)]}) + "\n")
+EOF
+    # this round's data and features (a 0-step continuation computes and caches the features)
+    test -f $SRC/features/done.json || $MOA train $DATA --out $SRC --init-from "$BASE" --steps 0 --eval-every 0
+    ;;
+ab)
+    MIN=${MINUTES:-5}
+    NAMES=("$@"); [ ${#NAMES[@]} -gt 0 ] || NAMES=(rewarm nowarm ns3 padlsa)
+    RUNS=()
+    for name in "${NAMES[@]}"; do
+        out=out/cont/$ROUND-ab/$name; RUNS+=($out)
+        test -f $out/report.json && { echo "$name: reusing $out"; continue; }
+        flags=""; for part in ${name//+/ }; do flags="$flags ${FLAGS[$part]?unknown variant $part}"; done
+        mkdir -p $out
+        for d in data-fixed features; do ln -sfn "$(realpath $SRC/$d)" $out/$d; done
+        echo "$name:$flags"
+        $MOA train $DATA --out $out --init-from "$BASE" --minutes $MIN --epochs 50 --eval-every 0 --outtype q8_0 \
+            $flags 2>&1 | tr '\r' '\n' | grep -v "%|" > $out/train.log
+    done
+    score ${REPORT:-issue22-$ROUND-ab} "${RUNS[@]}"
+    ;;
+long)
+    MIN=${MINUTES:-60}
+    name=${1:?long NAME}; out=out/cont/$ROUND-long
+    flags=""; for part in ${name//+/ }; do flags="$flags ${FLAGS[$part]?unknown variant $part}"; done
+    mkdir -p $out
+    for d in data-fixed features; do ln -sfn "$(realpath $SRC/$d)" $out/$d; done
+    $MOA train $DATA --out $out --init-from "$BASE" --minutes $MIN --epochs 50 --eval-every 100 --outtype q8_0 \
+        $flags 2>&1 | tr '\r' '\n' | grep -v "%|" > $out/train.log
+    score ${REPORT:-issue22-$ROUND-long} $out/drafter.gguf
+    ;;
+score)
+    score ${REPORT:-issue22-score} "$@"
+    ;;
+*)
+    echo "unknown mode $mode" >&2; exit 2
+    ;;
+esac
