@@ -6,10 +6,10 @@
 # llama-cpp-python 0.3.36 built so crashes (SIGSEGV in ggml_backend_amx_mul_mat) on the first prompt
 # of a Q4_1 model, plain llama_cpp.Llama included (measured on a 2-core Xeon with amx_int8).
 # There: GGML_NATIVE=OFF and every other ISA extension the CPU has, i.e. the native build minus AMX.
-# MOA_ALLOW_AMX=1 keeps the native build.
+# MOA_ALLOW_AMX=1 keeps the native build; MOA_CPUINFO=FILE reads FILE instead of /proc/cpuinfo (tests).
 set -euo pipefail
 [ "$(uname -m)" = x86_64 ] || exit 0
-flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+flags=$(grep -m1 '^flags' "${MOA_CPUINFO:-/proc/cpuinfo}" 2>/dev/null || true)
 has() { [[ " $flags " == *" $1 "* ]]; }
 has amx_int8 && [ "${MOA_ALLOW_AMX:-0}" != 1 ] || exit 0
 out="-DGGML_NATIVE=OFF"
