@@ -22,7 +22,7 @@ ROUND=${ROUND:-c1} SEED=${SEED:-1} FIXED=${FIXED:-1300}
 SRC=out/cont/$ROUND
 DATA="--target smollm2 --n-samples 0 --fixed-answers $FIXED --seed $SEED"
 declare -A FLAGS=([rewarm]="" [nowarm]="--warmup 0" [ns3]="--muon-ns-steps 3" [padlsa]="--lsa-on-padding"
-                  [ce0.3]="--ce-weight 0.3" [t5]="--t-range 5 5" [lr1e-3]="--lr 1e-3")
+                  [ce0.3]="--ce-weight 0.3" [t5]="--t-range 5 5" [lr1e-3]="--lr 1e-3" [lr5e-4]="--lr 5e-4")
 mode=${1:?usage: prepare | ab [NAME...] | long NAME | score RUN...}; shift
 
 score() {  # REPORT, runs...
@@ -66,7 +66,7 @@ ab)
         for d in data-fixed features; do ln -sfn "$(realpath $SRC/$d)" $out/$d; done
         echo "$name:$flags"
         $MOA train $DATA --out $out --init-from "$BASE" --minutes $MIN --epochs 50 --eval-every 0 --outtype q8_0 \
-            $flags 2>&1 | tr '\r' '\n' | grep -v "%|" > $out/train.log
+            $flags 2>&1 | tr '\r' '\n' | grep --line-buffered -v "%|" > $out/train.log
     done
     score ${REPORT:-issue22-$ROUND-ab} "${RUNS[@]}"
     ;;
@@ -77,7 +77,7 @@ long)
     mkdir -p $out
     for d in data-fixed features; do ln -sfn "$(realpath $SRC/$d)" $out/$d; done
     $MOA train $DATA --out $out --init-from "$BASE" --minutes $MIN --epochs 50 --eval-every 100 --outtype q8_0 \
-        $flags 2>&1 | tr '\r' '\n' | grep -v "%|" > $out/train.log
+        $flags 2>&1 | tr '\r' '\n' | grep --line-buffered -v "%|" > $out/train.log
     score ${REPORT:-issue22-$ROUND-long} $out/drafter.gguf
     ;;
 score)
