@@ -41,7 +41,9 @@ def main() -> int:
     err = [[p["tau"] - p["ci"][0] for p in pts], [p["ci"][1] - p["tau"] for p in pts]]
     ax.errorbar(x, y, yerr=err, fmt="o-", capsize=4)
     for p in pts:
-        ax.annotate(Path(p["run"]).parent.name or Path(p["run"]).name, (p["token_passes"], p["tau"]),
+        r = Path(p["run"])
+        ax.annotate(r.stem if r.suffix == ".gguf" and r.parent.name == "cont" else
+                    (r.parent.name if r.suffix == ".gguf" else r.name), (p["token_passes"], p["tau"]),
                     textcoords="offset points", xytext=(4, -12), fontsize=7)
     ax.set_xscale("log")
     ax.set_xlabel("cumulative token passes (response tokens seen in training, all runs)")

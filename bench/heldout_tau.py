@@ -40,7 +40,10 @@ def _prompt_key(obj: dict) -> str:
 
 def _run_prompts(run: Path) -> set[str]:
     """Prompts a run trained on: ``prompts.jsonl`` of its ``data``/``data-fixed`` (or of ``run``
-    itself, for an --exclude directory); none for a GGUF (pass what it trained on with --exclude)."""
+    itself, for an --exclude directory); for a GGUF, those of the run directory holding it (a GGUF
+    elsewhere, e.g. the shipped one, lists none: pass what it trained on with --exclude)."""
+    if run.suffix == ".gguf":
+        run = run.parent
     keys: set[str] = set()
     for f in (run / "data" / "prompts.jsonl", run / "data-fixed" / "prompts.jsonl", run / "prompts.jsonl"):
         if f.is_file():
