@@ -59,13 +59,10 @@ def label(run: str) -> str:
 
 def load_gguf(path: Path, tt: TorchTarget, target_path: str) -> tuple[MoaDrafter, dict]:
     """A drafter GGUF (dequantized, as ``moa-cpp train --init-from`` reads it) and its training record."""
-    from moa_cpp.random_drafter import spec_from_target
-    from moa_cpp.train.init_from import read_drafter
+    from moa_cpp.train.init_from import read_drafter, to_model
 
     dw = read_drafter(path)
-    model = MoaDrafter(spec_from_target(target_path, **dw.sizes), tt.embed.data,
-                       None if tt.lm_head is tt.embed else tt.lm_head.data, d2t=dw.d2t)
-    model.load_hf(dw.tensors)
+    model = to_model(dw, target_path, tt)
     if dw.tli:
         model.attach_tli(tt, dw.tli)
     return model.eval(), {"steps": dw.steps if dw.recorded else None, "total_steps": dw.steps if dw.recorded else None,

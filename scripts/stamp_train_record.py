@@ -26,10 +26,8 @@ import numpy as np  # noqa: E402
 
 from moa_cpp.convert import convert  # noqa: E402
 from moa_cpp.gguf_names import Keys  # noqa: E402
-from moa_cpp.random_drafter import spec_from_target  # noqa: E402
 from moa_cpp.train.cli import _target_path  # noqa: E402
-from moa_cpp.train.init_from import read_drafter  # noqa: E402
-from moa_cpp.train.model import MoaDrafter  # noqa: E402
+from moa_cpp.train.init_from import read_drafter, to_model  # noqa: E402
 from moa_cpp.train.target_torch import TorchTarget  # noqa: E402
 
 
@@ -58,9 +56,7 @@ def main() -> int:
     fields = gguf.GGUFReader(str(src)).fields
     acc = fields[Keys.EVAL_ACCEPTANCE].contents() if Keys.EVAL_ACCEPTANCE in fields else None
     tt = TorchTarget.from_gguf(target)
-    m = MoaDrafter(spec_from_target(target, **dw.sizes), tt.embed.data,
-                   None if tt.lm_head is tt.embed else tt.lm_head.data, d2t=dw.d2t)
-    m.load_hf(dw.tensors)
+    m = to_model(dw, target, tt)
     run = {"steps": a.steps, "token_passes": a.token_passes, "stamped": True, "note": a.note}
     record = {Keys.TRAIN_STEPS: a.steps, Keys.TRAIN_TOKEN_PASSES: a.token_passes,
               Keys.TRAIN_RUNS: [json.dumps(run, sort_keys=True, separators=(",", ":"))]}

@@ -22,8 +22,7 @@ import torch
 from moa_cpp.convert import convert
 from moa_cpp.gguf_names import Keys
 from moa_cpp.random_drafter import spec_from_target
-from moa_cpp.train.init_from import read_drafter
-from moa_cpp.train.model import MoaDrafter
+from moa_cpp.train.init_from import read_drafter, to_model
 from moa_cpp.train.target_torch import TorchTarget
 from moa_cpp.train.trainer import Trainer, TrainSettings, _batch, compute_features, loss_fn
 
@@ -43,10 +42,7 @@ def _fields(path: Path) -> dict:
 def _reexport(src: Path, target: Path, out: Path, outtype: str = "q8_0") -> Path:
     """read_drafter -> torch model -> snapshot -> convert: a 0-step continuation's export path."""
     dw = read_drafter(src)
-    spec = spec_from_target(target, **dw.sizes)
-    tt = TorchTarget.from_gguf(target)
-    m = MoaDrafter(spec, tt.embed.data, None if tt.lm_head is tt.embed else tt.lm_head.data, d2t=dw.d2t)
-    m.load_hf(dw.tensors)
+    m = to_model(dw, target, TorchTarget.from_gguf(target))
     return convert(m.save(out / "snapshot"), out / "again.gguf", outtype=outtype, target_gguf=target, tli=dw.tli,
                    progress=False)
 

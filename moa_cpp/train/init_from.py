@@ -18,7 +18,6 @@ warm-up of ``--warmup``, A/B'd in docs/training.md).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -29,8 +28,9 @@ import numpy as np
 
 from ..errors import FormatError, MismatchError, MoaIOError
 from ..gguf_names import D2T, OPTIONAL_HF, Keys, tensor_map
+from .data import file_sha256
 
-__all__ = ["DrafterWeights", "read_drafter", "check_compatible", "next_record", "SIZE_KEYS"]
+__all__ = ["DrafterWeights", "read_drafter", "to_model", "check_compatible", "next_record", "SIZE_KEYS"]
 
 # DrafterSpec field -> the GGUF key holding it (what a continuation must keep)
 SIZE_KEYS = {"sa_kv": Keys.SA_HEAD_COUNT_KV, "sa_ffn": Keys.SA_FFN, "ca_kv": Keys.CA_HEAD_COUNT_KV,
@@ -61,14 +61,6 @@ class DrafterWeights:
     @property
     def d2t(self) -> Optional[np.ndarray]:
         return self.tensors.get("d2t")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _scalar(fields: dict, key: str, default: Any = None) -> Any:
@@ -116,10 +108,22 @@ def read_drafter(path: str | os.PathLike[str]) -> DrafterWeights:
     target_sizes = {k: int(_scalar(r.fields, key, 0)) for k, key in _TARGET_KEYS.items()}
     runs = _scalar(r.fields, Keys.TRAIN_RUNS, []) or []
     return DrafterWeights(
-        path=p, sha256=_sha256(p), tensors=tensors, sizes=sizes, target_sizes=target_sizes,
+        path=p, sha256=file_sha256(p), tensors=tensors, sizes=sizes, target_sizes=target_sizes,
         tli=int(_scalar(r.fields, Keys.TLI, 0)), tensor_types=types,
         steps=int(_scalar(r.fields, Keys.TRAIN_STEPS, 0)), token_passes=int(_scalar(r.fields, Keys.TRAIN_TOKEN_PASSES, 0)),
         runs=[str(x) for x in runs], recorded=Keys.TRAIN_STEPS in r.fields)
+
+
+def to_model(dw: DrafterWeights, target_path: str | os.PathLike[str], tt: Any) -> Any:
+    """The drafter as a torch :class:`~moa_cpp.train.model.MoaDrafter` over ``tt``'s frozen
+    embedding / LM head (``tt``: the :class:`TorchTarget` of ``target_path``; TLI not attached)."""
+    from ..drafter_spec import spec_from_target
+    from .model import MoaDrafter
+
+    m = MoaDrafter(spec_from_target(target_path, **dw.sizes), tt.embed.data,
+                   None if tt.lm_head is tt.embed else tt.lm_head.data, d2t=dw.d2t)
+    m.load_hf(dw.tensors)
+    return m
 
 
 def check_compatible(dw: DrafterWeights, spec: Any, tli: int, sizes: bool = True) -> None:

@@ -259,9 +259,8 @@ class MoaDrafter(nn.Module):
             # response rows only): its LSA is wasted work (16-32 % of a batch's rows). Padded
             # rows get Ekv2E(0) = the bias instead.
             keep = valid.reshape(-1)
-            pooled = rows.new_zeros(B * S, W, dtype=torch.float32)
             kept = self._lsa_pooled(rows[keep], cos, sin)
-            pooled = pooled.to(kept.dtype).index_put((keep.nonzero(as_tuple=True)[0],), kept)
+            pooled = kept.new_zeros(B * S, W).index_put((keep.nonzero(as_tuple=True)[0],), kept)
         else:
             pooled = self._lsa_pooled(rows, cos, sin)
         e = self.Ekv2E(pooled).view(B, S, s.d)
