@@ -589,6 +589,9 @@ def test_feature_cache_adds_residual_later(fixture_dir: Path, tmp_path: Path) ->
                                         (["--staircase-until", "1.5"], "--staircase-until 1.5: a fraction"),
                                         (["--batching", "sorted"], "invalid choice: 'sorted'"),
                                         (["--optimizer", "sgd"], "invalid choice: 'sgd'"),
+                                        (["--warmup", "-1"], "--warmup and --ce-weight must be >= 0"),
+                                        (["--ce-weight", "-0.5"], "--warmup and --ce-weight must be >= 0"),
+                                        (["--muon-ns-steps", "0"], "--muon-ns-steps >= 1"),
                                         (["--device", "tpu"], "--device: device 'tpu': use auto, cpu or cuda"),
                                         # no CUDA here: "sees no CUDA device"; with CUDA: "only N device(s)"
                                         (["--device", "cuda:99"], "--device: device 'cuda:99'")])
