@@ -12,6 +12,9 @@
 # BASE (default: the shipped drafter) is what runs continue from; ROUND (default c1) names this
 # round's data (SEED, default 1: ShareGPT answers no earlier round drew with its seed) and FIXED
 # (default 1300) teacher-forced answers. REPORT names bench/results/REPORT.{json,md,png}.
+# HELDOUT (default out/heldout160: the first 160 greedy answers of the seed-7 ShareGPT order; issue
+# 22's first rows used out/heldout, its first 64) is the common held-out set; every prompt the
+# shipped drafter (out/cont/base-trained-on) or any round in ROUNDS trained on is dropped from it.
 # Training is CPU-bound: run this alone (other load slows llama.cpp and torch alike).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,22 +23,40 @@ MOA=".venv/bin/moa-cpp"
 BASE=${BASE:-moa_cpp/data/moa-smollm2-135m-instruct.gguf}
 ROUND=${ROUND:-c1} SEED=${SEED:-1} FIXED=${FIXED:-1300}
 SRC=out/cont/$ROUND
+HELDOUT=${HELDOUT:-out/heldout160}
+# every continuation round so far: name=seed:answers (prepare regenerates their prompt lists, ~15 s
+# each, so that scoring can drop them on a new machine)
+ROUNDS=${ROUNDS:-"c1=1:1300 c2=2:3000 c3=3:4000 c4=4:3000"}
 DATA="--target smollm2 --n-samples 0 --fixed-answers $FIXED --seed $SEED"
+# rounds after c3 never draw a held-out prompt (c1-c3 predate --exclude-prompts: scoring drops theirs)
+case $ROUND in c1|c2|c3) ;; *) DATA="$DATA --exclude-prompts $HELDOUT/data";; esac
 declare -A FLAGS=([rewarm]="" [nowarm]="--warmup 0" [ns3]="--muon-ns-steps 3" [padlsa]="--lsa-on-padding"
-                  [ce0.3]="--ce-weight 0.3" [t5]="--t-range 5 5" [lr1e-3]="--lr 1e-3" [lr5e-4]="--lr 5e-4")
+                  [ce0.3]="--ce-weight 0.3" [t5]="--t-range 5 5" [lr1e-3]="--lr 1e-3" [lr5e-4]="--lr 5e-4"
+                  [d4]="--loss-max-depth 4" [d8]="--loss-max-depth 8")
 mode=${1:?usage: prepare | ab [NAME...] | long NAME | score RUN...}; shift
 
 score() {  # REPORT, runs...
     local report=$1; shift
-    $PY bench/heldout_tau.py --heldout out/heldout/data "$BASE" "$@" --exclude out/cont/base-trained-on \
+    local exclude=(out/cont/base-trained-on)
+    for r in $ROUNDS; do test -d out/cont/${r%%=*} && exclude+=(out/cont/${r%%=*}); done
+    $PY bench/heldout_tau.py --heldout $HELDOUT/data "$BASE" "$@" --exclude "${exclude[@]}" \
         --out bench/results/$report.json
 }
 
 case $mode in
 prepare)
-    # the common held-out set of issue 12: 64 greedy answers to ShareGPT prompts (seed 7)
-    test -f out/heldout/data/manifest.json || $MOA train --target smollm2 --out out/heldout --prompts sharegpt \
-        --seed 7 --n-samples 64 --greedy-fraction 1 --data-only --data-minutes 4
+    # the common held-out set: greedy answers to ShareGPT prompts (seed 7); issue 12 used the first 64
+    n=$([ "$HELDOUT" = out/heldout ] && echo 64 || echo 160)
+    test -f $HELDOUT/data/manifest.json || $MOA train --target smollm2 --out $HELDOUT --prompts sharegpt \
+        --seed 7 --n-samples $n --greedy-fraction 1 --data-only --data-minutes 6
+    # the prompts of earlier rounds (teacher-forced answers: no generation, seconds each)
+    for r in $ROUNDS; do
+        name=${r%%=*} spec=${r#*=}
+        [ "$name" = "$ROUND" ] && break
+        ex=""; case $name in c1|c2|c3) ;; *) ex="--exclude-prompts $HELDOUT/data";; esac
+        test -f out/cont/$name/data-fixed/prompts.jsonl || $MOA train --target smollm2 --out out/cont/$name \
+            --n-samples 0 --fixed-answers ${spec#*:} --seed ${spec%%:*} --data-only $ex
+    done
     # what the shipped drafter trained on (a GGUF does not list its prompts): its 1,200 teacher-forced
     # answers (seed 0) and, for its 153 self-distilled answers, the first 400 ShareGPT prompts of the
     # seed-0 order its data stage walked through (a superset)

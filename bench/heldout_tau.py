@@ -27,28 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from moa_cpp.train.cli import _target_path  # noqa: E402
 from moa_cpp.train.data import load_dataset  # noqa: E402
+from moa_cpp.train.sharegpt import prompt_key, read_prompt_keys  # noqa: E402
 from moa_cpp.train.model import MoaDrafter, spec_from_config  # noqa: E402
 from moa_cpp.train.target_torch import TorchTarget  # noqa: E402
 from moa_cpp.train.trainer import compute_features, eval_acceptance, resolve_bf16  # noqa: E402
-
-
-def _prompt_key(obj: dict) -> str:
-    msgs = obj.get("messages")
-    text = obj["prompt"] if "prompt" in obj else next(m["content"] for m in msgs if m["role"] == "user")
-    return " ".join(str(text).lower().split())
 
 
 def _run_prompts(run: Path) -> set[str]:
     """Prompts a run trained on: ``prompts.jsonl`` of its ``data``/``data-fixed`` (or of ``run``
     itself, for an --exclude directory); for a GGUF, those of the run directory holding it (a GGUF
     elsewhere, e.g. the shipped one, lists none: pass what it trained on with --exclude)."""
-    if run.suffix == ".gguf":
-        run = run.parent
-    keys: set[str] = set()
-    for f in (run / "data" / "prompts.jsonl", run / "data-fixed" / "prompts.jsonl", run / "prompts.jsonl"):
-        if f.is_file():
-            keys |= {_prompt_key(json.loads(line)) for line in f.read_text().splitlines() if line.strip()}
-    return keys
+    return read_prompt_keys([run])
 
 
 def label(run: str) -> str:
@@ -140,7 +129,7 @@ def main() -> int:
     ds = load_dataset(held)
     tt = TorchTarget.from_gguf(_target_path(a.target))
     fs = compute_features(tt, ds, held / "features", bf16=resolve_bf16("auto", "cpu"))
-    keys = [_prompt_key(json.loads(line)) for line in (held / "prompts.jsonl").read_text().splitlines()]
+    keys = [prompt_key(json.loads(line)) for line in (held / "prompts.jsonl").read_text().splitlines()]
     seen = set().union(*(_run_prompts(Path(r)) for r in [*a.runs, *a.exclude]))
     idx = [i for i in range(len(ds)) if ds.greedy[i] and keys[i] not in seen]
     print(f"held-out: {len(idx)} of {len(ds)} conversations ({len(ds) - len(idx)} dropped: trained on or sampled)")

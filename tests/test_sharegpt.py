@@ -404,3 +404,42 @@ def test_fixed_answer_dataset(tmp_path: Path) -> None:
     two = fixed_answer_dataset(smollm2_path(), tmp_path / "fx2", FixedSettings(n_samples=2), eval_dir=d, source=f,
                                log=logs.append)
     assert len(two) == 2
+    # --exclude-prompts: the pair whose prompt a held-out set holds is skipped, the manifest says so;
+    # the dataset written before exclusions existed is still reused (its settings lack the field)
+    ex = fixed_answer_dataset(smollm2_path(), tmp_path / "fx3", st, eval_dir=d, source=f, log=logs.append,
+                              exclude=frozenset({sg.prompt_key("what is 2 PLUS 2?")}))
+    man3 = json.loads((tmp_path / "fx3" / "manifest.json").read_text())
+    assert len(ex) == 3 and man3["sharegpt"]["excluded"] == 1 and len(man3["settings"]["exclude_sha256"]) == 64
+    assert "1 excluded prompts dropped" in next(m for m in logs if "fixed answers" in m and "excluded" in m)
+    assert not any("2 plus 2" in line for line in (tmp_path / "fx3" / "prompts.jsonl").read_text().splitlines())
+    assert "exclude_sha256" not in man["settings"]
+
+
+def test_excluded_prompts_are_never_drawn(tmp_path: Path) -> None:
+    """``--exclude-prompts`` (a held-out set's ``prompts.jsonl``, a run directory): the seeded draw
+    without the excluded prompts, in the same order, topped up to N from the rest of that order."""
+    recs = [{"id": f"r{i}", "conversations": [{"from": "human", "value": f"Question  number {i}?"},
+                                              {"from": "gpt", "value": f"Answer {i}."}]} for i in range(30)]
+    text, _ = _array_text(recs)
+    draw = lambda n, exclude=frozenset(), st=None: sg.load_sharegpt_prompts(  # noqa: E731
+        n, seed=5, filter_eval=False, source=io.StringIO(text), exclude=exclude, stats=st)
+    full = draw(None)
+    assert len(full) == 30 and draw(10) == full[:10]
+    # the held-out set as `moa-cpp train --data-only` writes it: {"prompt": ...} for self-distilled,
+    # {"messages": [...]} for teacher-forced data; keys are whitespace- and case-normalised
+    (tmp_path / "run" / "data-fixed").mkdir(parents=True)
+    (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": full[1][0]["content"].upper()}) + "\n"
+                                         + json.dumps({"prompt": "not in the file"}) + "\n")
+    (tmp_path / "run" / "data-fixed" / "prompts.jsonl").write_text(json.dumps(
+        {"messages": [{"role": "user", "content": " " + full[4][0]["content"] + " "},
+                      {"role": "assistant", "content": "x"}]}) + "\n")
+    keys = sg.read_prompt_keys([tmp_path / "held.jsonl", tmp_path / "run"])
+    assert len(keys) == 3
+    st = sg.ReadStats()
+    got = draw(10, frozenset(keys), st)
+    assert got == [p for j, p in enumerate(full) if j not in (1, 4)][:10] and st.excluded == 2
+    with pytest.raises(FileNotFoundError, match="no such prompts file"):
+        sg.read_prompt_keys([tmp_path / "missing"])
+    # teacher-forced pairs: (context, answer), keyed by the context's first user message
+    pairs = [([{"role": "user", "content": p[0]["content"]}], "a") for p in full[:6]]
+    assert sg.drop_prompts(pairs, keys, key=lambda pair: pair[0]) == [pairs[j] for j in (0, 2, 3, 5)]

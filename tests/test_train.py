@@ -589,8 +589,11 @@ def test_feature_cache_adds_residual_later(fixture_dir: Path, tmp_path: Path) ->
                                         (["--staircase-until", "1.5"], "--staircase-until 1.5: a fraction"),
                                         (["--batching", "sorted"], "invalid choice: 'sorted'"),
                                         (["--optimizer", "sgd"], "invalid choice: 'sgd'"),
-                                        (["--warmup", "-1"], "--warmup and --ce-weight must be >= 0"),
-                                        (["--ce-weight", "-0.5"], "--warmup and --ce-weight must be >= 0"),
+                                        (["--warmup", "-1"], "--warmup, --ce-weight and --loss-max-depth must be >= 0"),
+                                        (["--ce-weight", "-0.5"], "--warmup, --ce-weight and --loss-max-depth must be >= 0"),
+                                        (["--loss-max-depth", "-2"], "--loss-max-depth must be >= 0"),
+                                        (["--exclude-prompts", "/nonexistent/held.jsonl"],
+                                         "--exclude-prompts: /nonexistent/held.jsonl: no such prompts file"),
                                         (["--muon-ns-steps", "0"], "--muon-ns-steps >= 1"),
                                         (["--device", "tpu"], "--device: device 'tpu': use auto, cpu or cuda"),
                                         # no CUDA here: "sees no CUDA device"; with CUDA: "only N device(s)"

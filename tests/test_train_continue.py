@@ -177,3 +177,35 @@ def test_lsa_skipped_on_padding_changes_nothing(fixture_dir: Path, tmp_path: Pat
     assert set(out[True][1]) == set(out[False][1])
     for n, g in out[False][1].items():
         assert torch.allclose(out[True][1][n], g, rtol=1e-4, atol=1e-7 * float(g.abs().max()) + 1e-9), n
+
+
+def test_loss_max_depth_trains_only_the_drafted_depths(fixture_dir: Path, tmp_path: Path) -> None:
+    """``--loss-max-depth D``: the loss reads the labels of rows fewer than D past their block start
+    and no others (a label changed deeper moves nothing, one inside moves the loss); D >= T is the
+    full objective."""
+    from moa_cpp.train.masks import block_starts
+
+    ds = _random_token_data()
+    target = fixture_dir / "target-f32.gguf"
+    tt = TorchTarget.from_gguf(target)
+    fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False)
+    tr = Trainer(spec_from_target(target, **FIXTURE_SIZES), tt, ds, fs, tmp_path,
+                 TrainSettings(holdout=0, threads=1, bf16=False, draft_vocab=64), log=lambda s: None)
+    b = _batch(ds, fs, list(range(len(ds))))
+    T, stair = torch.full((len(ds),), 7), torch.zeros(len(ds), dtype=torch.bool)
+
+    def loss(batch: dict, d: int) -> float:
+        with torch.no_grad():
+            return float(loss_fn(tr.model, batch, T, stair, 0.1, False, max_depth=d)[0])
+
+    assert loss(b, 7) == loss(b, 0)
+    depth = torch.arange(b["response"].shape[1])[None, :] - block_starts(b["response"], T)
+    for d in (1, 3):
+        deep = b["response"] & (depth >= d)
+        near = b["response"] & (depth < d)
+        assert deep.any() and near.any()
+        moved = dict(b, hidden=torch.where(deep[..., None], b["hidden"] + 5.0, b["hidden"]))
+        assert loss(moved, d) == loss(b, d)
+        assert loss(moved, 0) != loss(b, 0)
+        moved = dict(b, hidden=torch.where(near[..., None], b["hidden"] + 5.0, b["hidden"]))
+        assert loss(moved, d) != loss(b, d)

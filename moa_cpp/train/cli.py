@@ -58,6 +58,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "machine is busy: llama.cpp's spinning thread pool is up to 25x slower under contention)")
     p.add_argument("--extra-data", nargs="*", default=[],
                    help="more data directories (written by an earlier run) to train on as well")
+    p.add_argument("--exclude-prompts", nargs="+", default=[], metavar="PATH",
+                   help="never train on these prompts: prompts.jsonl files or run/data directories (e.g. a "
+                        "held-out set's, so continuation rounds leave it untouched)")
     p.add_argument("--data-only", action="store_true", help="stop after generating the data")
     p.add_argument("--minutes", type=float, default=None, help="time budget of the optimisation loop")
     p.add_argument("--steps", type=int, default=None, help="exact number of steps (deterministic)")
@@ -107,6 +110,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="LR warm-up steps (capped at 5%% of the run; 0: start at the peak LR)")
     p.add_argument("--ce-weight", type=float, default=0.1,
                    help="weight of the soft cross-entropy against the feature regression (the paper's 0.1)")
+    p.add_argument("--loss-max-depth", type=int, default=0, metavar="D",
+                   help="loss only on rows fewer than D past their block start, the depths a chain or tree of "
+                        "D drafts uses (0: every row, the paper's objective)")
     p.add_argument("--lsa-on-padding", action="store_true",
                    help="run the LSA on padded rows too (same result, slower: for timing A/Bs)")
     p.add_argument("--muon-ns-steps", type=int, default=5,
@@ -190,7 +196,7 @@ def _train_record(base, ts, summary: dict, ds, names: list, parts: list, train_s
     tokens = int(summary["history"][-1].get("tokens", 0)) if summary["history"] else 0
     final = summary["final"]
     recipe = {k: getattr(ts, k) for k in ("optimizer", "lr", "warmup", "min_lr_ratio", "batch_tokens", "ce_weight",
-                                          "t_min", "t_max", "staircase_until", "batching", "muon_ns_steps",
+                                          "t_min", "t_max", "staircase_until", "batching", "muon_ns_steps", "loss_max_depth",
                                           "skip_padding", "bf16", "device", "threads", "seed", "tli")}
     run = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "moa_cpp": __version__, "machine": platform.machine(), "steps": int(summary["steps"]),
@@ -215,6 +221,7 @@ def run_train(args: argparse.Namespace) -> int:
     from ..drafter_spec import spec_from_target
     from .data import DataSettings, concat_datasets, generate_dataset, load_dataset
     from .fixed import FixedSettings, fixed_answer_dataset
+    from .sharegpt import read_prompt_keys
     from .target_torch import TorchTarget
     from .trainer import OnlineFeatures, Trainer, TrainSettings, compute_features, resolve_bf16, resolve_device
 
@@ -234,6 +241,10 @@ def run_train(args: argparse.Namespace) -> int:
                                    f"{spec.target_layers} layers)")
     if args.n_samples < 0 or args.fixed_answers < 0:
         raise InvalidArgumentError("--n-samples / --fixed-answers: must be >= 0")
+    try:
+        exclude = frozenset(read_prompt_keys(args.exclude_prompts))
+    except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
+        raise InvalidArgumentError(f"--exclude-prompts: {e}") from None
     if args.n_samples == 0 and args.fixed_answers == 0 and not args.extra_data:
         raise InvalidArgumentError("no training data: --n-samples 0 needs --fixed-answers N or --extra-data")
     if args.code_share is not None and not (0.0 <= args.code_share <= 1.0 and args.fixed_answers):
@@ -244,8 +255,8 @@ def run_train(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"--staircase-until {args.staircase_until}: a fraction in [0, 1]")
     if args.draft_vocab < 0:
         raise InvalidArgumentError(f"--draft-vocab {args.draft_vocab}: must be >= 0 (0: whole vocabulary)")
-    if args.warmup < 0 or args.muon_ns_steps < 1 or not args.ce_weight >= 0:
-        raise InvalidArgumentError("--warmup and --ce-weight must be >= 0, --muon-ns-steps >= 1")
+    if args.warmup < 0 or args.muon_ns_steps < 1 or not args.ce_weight >= 0 or args.loss_max_depth < 0:
+        raise InvalidArgumentError("--warmup, --ce-weight and --loss-max-depth must be >= 0, --muon-ns-steps >= 1")
     if args.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
         raise InvalidArgumentError(f"--optimizer muon: needs torch >= 2.9 (installed {torch.__version__}); "
                                    "use --optimizer adamw")
@@ -267,7 +278,8 @@ def run_train(args: argparse.Namespace) -> int:
     parts, names = [], []
     if args.n_samples:
         names.append("self-distilled")
-        parts.append(generate_dataset(target, out / "data", dset, prompt_files=args.prompts, eval_dir=args.eval_dir))
+        parts.append(generate_dataset(target, out / "data", dset, prompt_files=args.prompts, eval_dir=args.eval_dir,
+                                      exclude=exclude))
     if args.fixed_answers:
         names.append("sharegpt-fixed")
         no_filter = str(args.eval_dir).lower() == "none"
@@ -276,7 +288,7 @@ def run_train(args: argparse.Namespace) -> int:
             FixedSettings(n_samples=args.fixed_answers, seed=args.seed, turns=args.sharegpt_turns,
                           max_prompt_tokens=dset.prompt_room(), max_answer_tokens=args.max_new_tokens,
                           code_share=args.code_share),
-            eval_dir=None if no_filter else args.eval_dir, filter_eval=not no_filter))
+            eval_dir=None if no_filter else args.eval_dir, filter_eval=not no_filter, exclude=exclude))
     if args.data_only:
         return 0
     parts += [load_dataset(d) for d in args.extra_data]
@@ -297,6 +309,7 @@ def run_train(args: argparse.Namespace) -> int:
                        t_min=args.t_range[0], t_max=args.t_range[1], staircase_until=args.staircase_until,
                        optimizer=args.optimizer, warmup=args.warmup, muon_ns_steps=args.muon_ns_steps,
                        skip_padding=not args.lsa_on_padding, ce_weight=args.ce_weight,
+                       loss_max_depth=args.loss_max_depth,
                        init_from=str(args.init_from) if args.init_from else None)
     if base is not None:
         ts.draft_vocab = 0 if base.d2t is None else len(base.d2t)

@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Union
 
@@ -56,6 +56,7 @@ class DataSettings:
     round_size: int = 128               # self-generated instructions per round (then their responses)
     chat: bool = True                   # wrap prompts in the chat template (False: raw text, e.g. base models)
     sharegpt_turns: str = "first"       # ShareGPT prompts: first human turn, or "all" (each with its context)
+    exclude_sha256: Optional[str] = None  # of the sorted prompt keys never used (--exclude-prompts)
 
     def prompt_room(self, n_ctx: Optional[int] = None) -> int:
         """Longest prompt (chat template included) that leaves a full response room in one sequence's
@@ -137,11 +138,13 @@ Prompt = Union[str, list]   # a user message, or chat messages ending with one (
 
 def load_prompts(specs: Sequence[str | os.PathLike[str]], *, seed: int = 0, sharegpt_turns: str = "first",
                  eval_dir: Union[str, os.PathLike[str], None] = None,
-                 log: Callable[[str], None] = print) -> tuple[list[Prompt], dict]:
+                 log: Callable[[str], None] = print,
+                 exclude: frozenset[str] = frozenset()) -> tuple[list[Prompt], dict]:
     """Prompts of ``specs``: files (:func:`load_prompt_files`) and ``sharegpt[:N]`` (N ShareGPT
     prompts, a sample fixed by ``seed``; :func:`moa_cpp.train.sharegpt.load_sharegpt_prompts`, eval
-    repeats filtered with the prompts in ``eval_dir``, "none" disables the filter). Returns
-    (prompts, info for the manifest)."""
+    repeats filtered with the prompts in ``eval_dir``, "none" disables the filter), without those
+    whose :func:`moa_cpp.train.sharegpt.prompt_key` is in ``exclude``. Returns (prompts, info for the
+    manifest)."""
     from . import sharegpt as sg
 
     out: list[Prompt] = []
@@ -152,16 +155,17 @@ def load_prompts(specs: Sequence[str | os.PathLike[str]], *, seed: int = 0, shar
             st = sg.ReadStats()
             no_filter = eval_dir is not None and str(eval_dir).lower() == "none"
             got = sg.load_sharegpt_prompts(n, seed=seed, turns=sharegpt_turns, stats=st, filter_eval=not no_filter,
-                                           eval_dir=None if no_filter else eval_dir)
+                                           eval_dir=None if no_filter else eval_dir, exclude=exclude)
             if sharegpt_turns == "first":
                 got = [m[-1]["content"] for m in got]       # a lone user message: plain text, as file prompts
             info = {"spec": str(spec), "turns": sharegpt_turns, "eval_filter": not no_filter,
                     "eval_dir": None if no_filter else str(eval_dir or sg.default_eval_dir()), **st.as_dict()}
             log(f"data: ShareGPT {st.conversations} conversations ({st.eval_overlap} repeating an eval prompt "
-                f"dropped), {st.prompts} prompts, {len(got)} taken, read in {st.seconds:.1f}s")
+                f"dropped), {st.prompts} prompts, {len(got)} taken"
+                + (f" ({st.excluded} excluded prompts skipped)" if exclude else "") + f", read in {st.seconds:.1f}s")
             out += got
         else:
-            out += load_prompt_files([spec])
+            out += sg.drop_prompts(load_prompt_files([spec]), set(exclude))
     return out, info
 
 
@@ -258,12 +262,17 @@ def batched_generate(target, prompts: Sequence[np.ndarray], *, max_new: int, tem
 def generate_dataset(target_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                      settings: DataSettings, prompt_files: Sequence[str | os.PathLike[str]] = (),
                      log: Callable[[str], None] = print,
-                     eval_dir: Union[str, os.PathLike[str], None] = None) -> Dataset:
+                     eval_dir: Union[str, os.PathLike[str], None] = None,
+                     exclude: frozenset[str] = frozenset()) -> Dataset:
     """Generate (or, if ``out_dir`` already holds a dataset made with the same settings, load) the
     self-distilled dataset for ``target_path``. See the module docstring. ``prompt_files`` may hold
-    ``sharegpt[:N]`` (see :func:`load_prompts`; ``eval_dir`` is its eval-overlap filter's)."""
+    ``sharegpt[:N]`` (see :func:`load_prompts`; ``eval_dir`` is its eval-overlap filter's; prompts in
+    ``exclude`` are skipped)."""
     from ..target import Target
+    from .sharegpt import exclusion_sha256
 
+    if exclude:
+        settings = replace(settings, exclude_sha256=exclusion_sha256(exclude))
     out = Path(out_dir)
     man_path = out / "manifest.json"
     if man_path.is_file():
@@ -283,7 +292,7 @@ def generate_dataset(target_path: str | os.PathLike[str], out_dir: str | os.Path
     file_users: Optional[list[Prompt]] = None
     if prompt_files:    # before the model loads: a bad spec or a missing file fails at once
         file_users, sharegpt_info = load_prompts(prompt_files, seed=st.seed, sharegpt_turns=st.sharegpt_turns,
-                                                 eval_dir=eval_dir, log=log)
+                                                 eval_dir=eval_dir, log=log, exclude=exclude)
         order = rng.permutation(len(file_users))
         file_users = [file_users[j] for j in order]
     # Split KV cache: every sequence is independent, so each row attends only its own cells.

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -45,6 +45,15 @@ class FixedSettings:
     max_prompt_tokens: int = 256        # longer prompts are skipped (as the self-distilled data's KV share)
     max_answer_tokens: int = 256        # answers are cut here (as max_new_tokens)
     code_share: Optional[float] = None  # share of pairs whose answer holds a fenced code block (None: as drawn)
+    exclude_sha256: Optional[str] = None  # of the sorted prompt keys never drawn (--exclude-prompts)
+
+
+def _record(st: FixedSettings) -> dict:
+    """The manifest's settings (no exclusion: the record of the datasets made before it existed, so they are reused)."""
+    rec = asdict(st)
+    if rec["exclude_sha256"] is None:
+        del rec["exclude_sha256"]
+    return rec
 
 
 def _split(tg, ctx: list, answer: str) -> Optional[tuple[np.ndarray, np.ndarray]]:
@@ -82,19 +91,23 @@ def code_first(pool: list, n: int, share: float) -> list:
 def fixed_answer_dataset(target_path: Union[str, os.PathLike], out_dir: Union[str, os.PathLike],
                          settings: FixedSettings, *, eval_dir: Union[str, os.PathLike, None] = None,
                          filter_eval: bool = True, source: Union[str, os.PathLike, None] = None,
+                         exclude: frozenset[str] = frozenset(),
                          log: Callable[[str], None] = print) -> Dataset:
     """Build (or reuse, when ``out_dir`` holds one made with the same settings) the teacher-forced
-    dataset: ``n_samples`` (context, answer) pairs of ShareGPT, seeded order, eval repeats removed."""
+    dataset: ``n_samples`` (context, answer) pairs of ShareGPT, seeded order, eval repeats removed,
+    pairs whose first user message is in ``exclude`` (:func:`sharegpt.prompt_key`) skipped."""
     from tqdm import tqdm
 
     from ..target import Target
 
     st = settings
+    if exclude:
+        st = replace(st, exclude_sha256=sg.exclusion_sha256(exclude))
     out = Path(out_dir)
     man_path = out / "manifest.json"
     if man_path.is_file():
         man = json.loads(man_path.read_text())
-        if man.get("settings") == asdict(st) and man.get("eval_filter") == filter_eval:
+        if man.get("settings") == _record(st) and man.get("eval_filter") == filter_eval:
             log(f"data (fixed answers): reusing {out} ({man['n_samples']} samples, {man['n_tokens']} tokens)")
             return load_dataset(out)
     t0 = time.time()
@@ -102,10 +115,12 @@ def fixed_answer_dataset(target_path: Union[str, os.PathLike], out_dir: Union[st
     index = sg.EvalIndex.from_dir(eval_dir) if filter_eval else None
     convs = sg.filter_eval_overlap(sg.iter_conversations(source, stats=stats), index, stats=stats)
     pool = sg.deterministic_sample(list(sg.fixed_answers(convs, turns=st.turns, stats=stats)), None, st.seed)
+    pool = sg.drop_prompts(pool, set(exclude), key=lambda pair: pair[0], stats=stats)
     if st.code_share is not None:
         pool = code_first(pool, st.n_samples, st.code_share)
     log(f"data (fixed answers): ShareGPT {stats.conversations} conversations ({stats.eval_overlap} repeating an "
-        f"eval prompt dropped), {len(pool)} answers, read in {time.time() - t0:.1f}s")
+        f"eval prompt dropped), {len(pool)} answers"
+        + (f" ({stats.excluded} excluded prompts dropped)" if exclude else "") + f", read in {time.time() - t0:.1f}s")
     tg = Target.from_path(target_path, n_ctx=512, n_threads=1, install_callback=False)
     seqs, plens, kept = [], [], []
     counts = {"long_prompt": 0, "template_mismatch": 0, "cut": 0, "empty": 0}
@@ -144,7 +159,7 @@ def fixed_answer_dataset(target_path: Union[str, os.PathLike], out_dir: Union[st
     (out / "prompts.jsonl").write_text("".join(json.dumps(k) + "\n" for k in kept))
     p = Path(target_path)
     man = {"model": {"path": str(p), "size": p.stat().st_size, "sha256": file_sha256(p)},
-           "source": "sharegpt-fixed", "settings": asdict(st), "eval_filter": filter_eval,
+           "source": "sharegpt-fixed", "settings": _record(st), "eval_filter": filter_eval,
            "eval_dir": str(eval_dir or sg.default_eval_dir()) if filter_eval else None,
            "sharegpt": stats.as_dict(), "skipped": counts,
            "n_samples": len(ds), "n_tokens": int(len(ds.tokens)), "n_response_tokens": ds.n_response_tokens,

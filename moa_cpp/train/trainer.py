@@ -136,6 +136,7 @@ class TrainSettings:
     device: str = "cpu"                 # "cpu" or "cuda[:i]" (resolve "auto" with resolve_device)
     skip_padding: bool = True           # no LSA on padded rows (exact; 16-32 % of rows)
     muon_ns_steps: int = 5              # Newton-Schulz iterations of Muon's orthogonalisation
+    loss_max_depth: int = 0             # > 0: loss only on rows at depth < this (what chains/trees draft)
     init_from: Optional[str] = None     # the drafter GGUF a continuation started from (recorded only)
 
 
@@ -448,17 +449,23 @@ def _autocast(enabled: bool, device_type: str = "cpu"):
 
 
 def loss_fn(model: MoaDrafter, b: dict[str, torch.Tensor], T: torch.Tensor, stair: torch.Tensor,
-            ce_weight: float, bf16: bool, skip_padding: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
+            ce_weight: float, bf16: bool, skip_padding: bool = True,
+            max_depth: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss over response positions (spec §21.2): TLI 0 ``0.1 * softCE + SmoothL1(z, h)``; TLI N
     ``0.1 * softCE + 0.5 * SmoothL1(final, h) + 0.5 * SmoothL1(z, resid_{L-N})``, where ``final``
     is the post-norm output of the target's last N layers run on ``z`` (:meth:`MoaDrafter.head_input`).
-    ``skip_padding``: no LSA on right padding (exact: no real row attends it)."""
+    ``skip_padding``: no LSA on right padding (exact: no real row attends it). ``max_depth`` > 0:
+    loss only on rows less than ``max_depth`` past their block start (the row at a start is the
+    engine's root; row k drafts depth k + 1), the depths inference drafts: with ``T ~ U{6..14}``
+    about half the rows train depths 5-13 that a chain of 4 never uses."""
     sa, ca, start = bounded_masks(b["response"], T, stair)
     dt = b["tokens"].device.type
     with _autocast(bf16, dt):
         z = model(b["tokens"], b["lsa"], sa, ca, valid=b.get("valid") if skip_padding else None)
         u = model.head_input(z, b["lsa"], start)
     sel = b["response"]
+    if max_depth > 0:
+        sel = sel & (torch.arange(sel.shape[1], device=sel.device)[None, :] - start < max_depth)
     ur = u[sel].float()
     hr = b["hidden"][sel]
     with _autocast(bf16, dt):
@@ -687,7 +694,8 @@ class Trainer:
             T, stair = (t.to(self.device) for t in self._draws(self.step, len(batch_ids), progress))
             for g in self.opt.param_groups:
                 g["lr"] = lr_at(self.step, total, s)
-            loss, parts = loss_fn(self.model, b, T, stair, s.ce_weight, s.bf16, s.skip_padding)
+            loss, parts = loss_fn(self.model, b, T, stair, s.ce_weight, s.bf16, s.skip_padding,
+                                   s.loss_max_depth)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.clip)
