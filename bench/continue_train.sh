@@ -32,7 +32,8 @@ DATA="--target smollm2 --n-samples 0 --fixed-answers $FIXED --seed $SEED"
 case $ROUND in c1|c2|c3) ;; *) DATA="$DATA --exclude-prompts $HELDOUT/data";; esac
 declare -A FLAGS=([rewarm]="" [nowarm]="--warmup 0" [ns3]="--muon-ns-steps 3" [padlsa]="--lsa-on-padding"
                   [ce0.3]="--ce-weight 0.3" [t5]="--t-range 5 5" [lr1e-3]="--lr 1e-3" [lr5e-4]="--lr 5e-4"
-                  [d4]="--loss-max-depth 4" [d8]="--loss-max-depth 8")
+                  [d4]="--loss-max-depth 4" [d8]="--loss-max-depth 8"
+                  [offmask]="--mask-off-target")
 mode=${1:?usage: prepare | ab [NAME...] | long NAME | score RUN...}; shift
 
 score() {  # REPORT, runs...

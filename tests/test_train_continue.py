@@ -209,3 +209,49 @@ def test_loss_max_depth_trains_only_the_drafted_depths(fixture_dir: Path, tmp_pa
         assert loss(moved, 0) != loss(b, 0)
         moved = dict(b, hidden=torch.where(near[..., None], b["hidden"] + 5.0, b["hidden"]))
         assert loss(moved, d) != loss(b, d)
+
+
+def test_mask_off_target_drops_rows_after_a_token_the_target_would_not_pick(fixture_dir: Path,
+                                                                           tmp_path: Path) -> None:
+    """``--mask-off-target``: with every teacher-forced token the target's own greedy pick nothing is
+    masked; one off-target token masks exactly the rows after it up to its block's end (their labels
+    stop mattering), the rows before it and other blocks keep theirs."""
+    from moa_cpp.train.masks import block_starts
+    from moa_cpp.train.trainer import off_target_rows
+
+    ds = _random_token_data()
+    target = fixture_dir / "target-f32.gguf"
+    tt = TorchTarget.from_gguf(target)
+    fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False)
+    tr = Trainer(spec_from_target(target, **FIXTURE_SIZES), tt, ds, fs, tmp_path,
+                 TrainSettings(holdout=0, threads=1, bf16=False, draft_vocab=64), log=lambda s: None)
+    m = tr.model
+    b = _batch(ds, fs, list(range(len(ds))))
+    T, stair = torch.full((len(ds),), 7), torch.zeros(len(ds), dtype=torch.bool)
+    start = block_starts(b["response"], T)
+    with torch.no_grad():
+        pick = m.d2t[m.label_logits(b["hidden"]).argmax(-1)]
+    on = dict(b, tokens=b["tokens"].clone())
+    on["tokens"][:, 1:] = torch.where(b["response"][:, 1:], pick[:, :-1], b["tokens"][:, 1:])
+    assert not off_target_rows(m, on, start).any()
+    # one off-target token in sample 0, in the middle of a response block
+    resp0 = torch.nonzero(b["response"][0]).flatten()
+    i = int(next(j for j in resp0.tolist() if int(start[0, j]) < j - 1 and j + 2 < len(resp0) + int(resp0[0])
+                 and int(start[0, j + 2]) == int(start[0, j])))
+    off = dict(on, tokens=on["tokens"].clone())
+    off["tokens"][0, i] = int(pick[0, i - 1]) + 1 if int(pick[0, i - 1]) + 1 < 64 else 0
+    got = off_target_rows(m, off, start)
+    want = torch.zeros_like(got)
+    want[0] = b["response"][0] & (start[0] == start[0, i]) & (torch.arange(got.shape[1]) >= i)
+    assert torch.equal(got, want) and int(want.sum()) >= 3
+
+    def loss(batch: dict) -> float:
+        with torch.no_grad():
+            return float(loss_fn(m, batch, T, stair, 0.1, False, mask_off_target=True)[0])
+
+    base = loss(off)
+    moved = dict(off, hidden=off["hidden"].clone())
+    moved["hidden"][0, i + 1] += 5.0                          # a masked row's label
+    assert loss(moved) == base
+    with torch.no_grad():                                     # the mask is in the loss
+        assert float(loss_fn(m, off, T, stair, 0.1, False)[0]) != base

@@ -113,6 +113,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss-max-depth", type=int, default=0, metavar="D",
                    help="loss only on rows fewer than D past their block start, the depths a chain or tree of "
                         "D drafts uses (0: every row, the paper's objective)")
+    p.add_argument("--mask-off-target", action="store_true",
+                   help="no loss on rows whose draft path holds a teacher-forced token the target would not have "
+                        "chosen (GRIFFIN's idea: such paths are rejected at verification)")
     p.add_argument("--lsa-on-padding", action="store_true",
                    help="run the LSA on padded rows too (same result, slower: for timing A/Bs)")
     p.add_argument("--muon-ns-steps", type=int, default=5,
@@ -196,7 +199,8 @@ def _train_record(base, ts, summary: dict, ds, names: list, parts: list, train_s
     tokens = int(summary["history"][-1].get("tokens", 0)) if summary["history"] else 0
     final = summary["final"]
     recipe = {k: getattr(ts, k) for k in ("optimizer", "lr", "warmup", "min_lr_ratio", "batch_tokens", "ce_weight",
-                                          "t_min", "t_max", "staircase_until", "batching", "muon_ns_steps", "loss_max_depth",
+                                          "t_min", "t_max", "staircase_until", "batching", "muon_ns_steps",
+                                          "loss_max_depth", "mask_off_target",
                                           "skip_padding", "bf16", "device", "threads", "seed", "tli")}
     run = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "moa_cpp": __version__, "machine": platform.machine(), "steps": int(summary["steps"]),
@@ -309,7 +313,7 @@ def run_train(args: argparse.Namespace) -> int:
                        t_min=args.t_range[0], t_max=args.t_range[1], staircase_until=args.staircase_until,
                        optimizer=args.optimizer, warmup=args.warmup, muon_ns_steps=args.muon_ns_steps,
                        skip_padding=not args.lsa_on_padding, ce_weight=args.ce_weight,
-                       loss_max_depth=args.loss_max_depth,
+                       loss_max_depth=args.loss_max_depth, mask_off_target=args.mask_off_target,
                        init_from=str(args.init_from) if args.init_from else None)
     if base is not None:
         ts.draft_vocab = 0 if base.d2t is None else len(base.d2t)

@@ -137,6 +137,7 @@ class TrainSettings:
     skip_padding: bool = True           # no LSA on padded rows (exact; 16-32 % of rows)
     muon_ns_steps: int = 5              # Newton-Schulz iterations of Muon's orthogonalisation
     loss_max_depth: int = 0             # > 0: loss only on rows at depth < this (what chains/trees draft)
+    mask_off_target: bool = False       # no loss on rows whose draft path holds a token the target would not pick
     init_from: Optional[str] = None     # the drafter GGUF a continuation started from (recorded only)
 
 
@@ -450,14 +451,17 @@ def _autocast(enabled: bool, device_type: str = "cpu"):
 
 def loss_fn(model: MoaDrafter, b: dict[str, torch.Tensor], T: torch.Tensor, stair: torch.Tensor,
             ce_weight: float, bf16: bool, skip_padding: bool = True,
-            max_depth: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+            max_depth: int = 0, mask_off_target: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss over response positions (spec §21.2): TLI 0 ``0.1 * softCE + SmoothL1(z, h)``; TLI N
     ``0.1 * softCE + 0.5 * SmoothL1(final, h) + 0.5 * SmoothL1(z, resid_{L-N})``, where ``final``
     is the post-norm output of the target's last N layers run on ``z`` (:meth:`MoaDrafter.head_input`).
     ``skip_padding``: no LSA on right padding (exact: no real row attends it). ``max_depth`` > 0:
     loss only on rows less than ``max_depth`` past their block start (the row at a start is the
     engine's root; row k drafts depth k + 1), the depths inference drafts: with ``T ~ U{6..14}``
-    about half the rows train depths 5-13 that a chain of 4 never uses."""
+    about half the rows train depths 5-13 that a chain of 4 never uses. ``mask_off_target``
+    (GRIFFIN's idea): no loss on a row whose path since its block start holds a teacher-forced token
+    the target would not have chosen (its greedy choice over the draft vocabulary): at inference such
+    a path is rejected at verification before that row is ever used."""
     sa, ca, start = bounded_masks(b["response"], T, stair)
     dt = b["tokens"].device.type
     with _autocast(bf16, dt):
@@ -466,6 +470,9 @@ def loss_fn(model: MoaDrafter, b: dict[str, torch.Tensor], T: torch.Tensor, stai
     sel = b["response"]
     if max_depth > 0:
         sel = sel & (torch.arange(sel.shape[1], device=sel.device)[None, :] - start < max_depth)
+    if mask_off_target:
+        with _autocast(bf16, dt):
+            sel = sel & ~off_target_rows(model, b, start)
     ur = u[sel].float()
     hr = b["hidden"][sel]
     with _autocast(bf16, dt):
@@ -478,6 +485,20 @@ def loss_fn(model: MoaDrafter, b: dict[str, torch.Tensor], T: torch.Tensor, stai
         feat = 0.5 * feat + 0.5 * F.smooth_l1_loss(z[sel].float(), b["resid"][sel], reduction="none").mean(-1).mean()
     loss = ce_weight * ce + feat
     return loss, {"loss": float(loss.detach()), "ce": float(ce.detach()), "feat": float(feat.detach())}
+
+
+@torch.no_grad()
+def off_target_rows(model: MoaDrafter, b: dict[str, torch.Tensor], start: torch.Tensor) -> torch.Tensor:
+    """``[B, S]`` True on response rows whose path ``start(i) < j <= i`` holds a token the target
+    would not have chosen greedily after ``j - 1`` (argmax of its logits over the draft vocabulary)."""
+    toks, resp = b["tokens"], b["response"]
+    pick = model.label_logits(b["hidden"][:, :-1]).argmax(-1)
+    if model.d2t is not None:
+        pick = model.d2t[pick]
+    off = torch.zeros_like(resp)
+    off[:, 1:] = resp[:, 1:] & (toks[:, 1:] != pick)
+    n_off = torch.cumsum(off.long(), dim=1)
+    return resp & (n_off - torch.gather(n_off, 1, start.clamp(min=0)) > 0)
 
 
 @torch.no_grad()
@@ -695,7 +716,7 @@ class Trainer:
             for g in self.opt.param_groups:
                 g["lr"] = lr_at(self.step, total, s)
             loss, parts = loss_fn(self.model, b, T, stair, s.ce_weight, s.bf16, s.skip_padding,
-                                   s.loss_max_depth)
+                                   s.loss_max_depth, s.mask_off_target)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.clip)
