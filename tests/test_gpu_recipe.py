@@ -62,7 +62,13 @@ def test_gpu_recipe_dry_run(tmp_path: Path) -> None:
     from gguf import GGUFReader
     acc = GGUFReader(sm["gguf"]).fields["moa.eval.acceptance"].contents()
     assert len(acc) == 4 and all(0.0 <= a <= 1.0 for a in acc), acc
-    assert m.n_vocab == 512 and len(m.d2t()) == 512 and m.n_target_vocab == 49152
+    # continued from the shipped drafter (issue 22): its draft vocabulary, its record + these 3 steps
+    from moa_cpp.defaults import DEFAULT_DRAFTER
+    from moa_cpp.train.init_from import read_drafter
+
+    shipped, got = read_drafter(DEFAULT_DRAFTER), read_drafter(sm["gguf"])
+    assert sm["init_from"] and m.n_vocab == len(shipped.d2t) == 8192 and m.n_target_vocab == 49152
+    assert (got.steps, len(got.runs)) == (shipped.steps + 3, len(shipped.runs) + 1)
     m.close()
     if qpath is not None:
         q = DrafterModel(qw["gguf"], qpath, device="cpu", n_threads=1)
