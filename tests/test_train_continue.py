@@ -155,18 +155,25 @@ def test_init_from_something_else_is_refused(fixture_run: dict, fixture_dir: Pat
     assert not (tmp_path / "run").exists()
 
 
-def test_lsa_skipped_on_padding_changes_nothing(fixture_dir: Path, tmp_path: Path) -> None:
-    """Right padding is never attended by a real row, so skipping its LSA must give the same loss and
-    gradients (to float rounding: the LSA's matmuls see fewer rows)."""
+@pytest.fixture(scope="module")
+def fixture_batch(fixture_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """(Trainer, batch of every sample, T = 7 per sample, no staircase) on the fixture target: what
+    the loss-objective tests share (features computed once)."""
     ds = _random_token_data()
     target = fixture_dir / "target-f32.gguf"
     tt = TorchTarget.from_gguf(target)
     fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False)
-    tr = Trainer(spec_from_target(target, **FIXTURE_SIZES), tt, ds, fs, tmp_path,
+    tr = Trainer(spec_from_target(target, **FIXTURE_SIZES), tt, ds, fs, tmp_path_factory.mktemp("loss"),
                  TrainSettings(holdout=0, threads=1, bf16=False, draft_vocab=64), log=lambda s: None)
     b = _batch(ds, fs, list(range(len(ds))))
+    return tr, b, torch.full((len(ds),), 7), torch.zeros(len(ds), dtype=torch.bool)
+
+
+def test_lsa_skipped_on_padding_changes_nothing(fixture_batch: tuple) -> None:
+    """Right padding is never attended by a real row, so skipping its LSA must give the same loss and
+    gradients (to float rounding: the LSA's matmuls see fewer rows)."""
+    tr, b, T, stair = fixture_batch
     assert 0.2 < 1 - float(b["valid"].float().mean()) < 0.5            # padding to skip: not vacuous
-    T, stair = torch.full((len(ds),), 7), torch.zeros(len(ds), dtype=torch.bool)
     out = {}
     for skip in (False, True):
         tr.model.zero_grad(set_to_none=True)
@@ -179,20 +186,13 @@ def test_lsa_skipped_on_padding_changes_nothing(fixture_dir: Path, tmp_path: Pat
         assert torch.allclose(out[True][1][n], g, rtol=1e-4, atol=1e-7 * float(g.abs().max()) + 1e-9), n
 
 
-def test_loss_max_depth_trains_only_the_drafted_depths(fixture_dir: Path, tmp_path: Path) -> None:
+def test_loss_max_depth_trains_only_the_drafted_depths(fixture_batch: tuple) -> None:
     """``--loss-max-depth D``: the loss reads the labels of rows fewer than D past their block start
     and no others (a label changed deeper moves nothing, one inside moves the loss); D >= T is the
     full objective."""
     from moa_cpp.train.masks import block_starts
 
-    ds = _random_token_data()
-    target = fixture_dir / "target-f32.gguf"
-    tt = TorchTarget.from_gguf(target)
-    fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False)
-    tr = Trainer(spec_from_target(target, **FIXTURE_SIZES), tt, ds, fs, tmp_path,
-                 TrainSettings(holdout=0, threads=1, bf16=False, draft_vocab=64), log=lambda s: None)
-    b = _batch(ds, fs, list(range(len(ds))))
-    T, stair = torch.full((len(ds),), 7), torch.zeros(len(ds), dtype=torch.bool)
+    tr, b, T, stair = fixture_batch
 
     def loss(batch: dict, d: int) -> float:
         with torch.no_grad():
@@ -211,23 +211,15 @@ def test_loss_max_depth_trains_only_the_drafted_depths(fixture_dir: Path, tmp_pa
         assert loss(moved, d) != loss(b, d)
 
 
-def test_mask_off_target_drops_rows_after_a_token_the_target_would_not_pick(fixture_dir: Path,
-                                                                           tmp_path: Path) -> None:
+def test_mask_off_target_drops_rows_after_a_token_the_target_would_not_pick(fixture_batch: tuple) -> None:
     """``--mask-off-target``: with every teacher-forced token the target's own greedy pick nothing is
     masked; one off-target token masks exactly the rows after it up to its block's end (their labels
     stop mattering), the rows before it and other blocks keep theirs."""
     from moa_cpp.train.masks import block_starts
     from moa_cpp.train.trainer import off_target_rows
 
-    ds = _random_token_data()
-    target = fixture_dir / "target-f32.gguf"
-    tt = TorchTarget.from_gguf(target)
-    fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False)
-    tr = Trainer(spec_from_target(target, **FIXTURE_SIZES), tt, ds, fs, tmp_path,
-                 TrainSettings(holdout=0, threads=1, bf16=False, draft_vocab=64), log=lambda s: None)
+    tr, b, T, stair = fixture_batch
     m = tr.model
-    b = _batch(ds, fs, list(range(len(ds))))
-    T, stair = torch.full((len(ds),), 7), torch.zeros(len(ds), dtype=torch.bool)
     start = block_starts(b["response"], T)
     with torch.no_grad():
         pick = m.d2t[m.label_logits(b["hidden"]).argmax(-1)]
