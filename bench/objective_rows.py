@@ -22,6 +22,7 @@ from moa_cpp.train.data import load_dataset  # noqa: E402
 from moa_cpp.train.init_from import read_drafter  # noqa: E402
 from moa_cpp.train.masks import block_starts  # noqa: E402
 from moa_cpp.train.target_torch import TorchTarget  # noqa: E402
+from moa_cpp.train.trainer import off_path_rows  # noqa: E402
 
 
 def main() -> int:
@@ -52,15 +53,12 @@ def main() -> int:
         start = block_starts(resp, T)
         with torch.no_grad():
             pick = d2t[(torch.from_numpy(np.array(hidden[lo:hi - 1], np.float32)) @ head.T).argmax(-1)][None]
-        off = torch.zeros_like(resp)
-        off[:, 1:] = resp[:, 1:] & (toks[:, 1:] != pick)
-        n_off = torch.cumsum(off.long(), 1)
-        m = resp & (n_off - torch.gather(n_off, 1, start) > 0)
+        m = off_path_rows(toks, resp, pick, start)
         depth = (torch.arange(toks.shape[1])[None] - start)[resp]
         for d, c in zip(*np.unique(depth.numpy(), return_counts=True)):
             depth_hist[int(d)] = depth_hist.get(int(d), 0) + int(c)
         rows += int(resp.sum())
-        off_tok += int(off.sum())
+        off_tok += int((resp[:, 1:] & (toks[:, 1:] != pick)).sum())
         masked += int(m.sum())
     share = lambda f: {f"<{d}": round(sum(c for k, c in depth_hist.items() if f(k, d)) / rows, 3)  # noqa: E731
                        for d in (1, 4, 8)}

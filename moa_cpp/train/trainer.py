@@ -491,14 +491,20 @@ def loss_fn(model: MoaDrafter, b: dict[str, torch.Tensor], T: torch.Tensor, stai
 def off_target_rows(model: MoaDrafter, b: dict[str, torch.Tensor], start: torch.Tensor) -> torch.Tensor:
     """``[B, S]`` True on response rows whose path ``start(i) < j <= i`` holds a token the target
     would not have chosen greedily after ``j - 1`` (argmax of its logits over the draft vocabulary)."""
-    toks, resp = b["tokens"], b["response"]
     pick = model.label_logits(b["hidden"][:, :-1]).argmax(-1)
     if model.d2t is not None:
         pick = model.d2t[pick]
-    off = torch.zeros_like(resp)
-    off[:, 1:] = resp[:, 1:] & (toks[:, 1:] != pick)
+    return off_path_rows(b["tokens"], b["response"], pick, start)
+
+
+def off_path_rows(tokens: torch.Tensor, response: torch.Tensor, pick: torch.Tensor,
+                  start: torch.Tensor) -> torch.Tensor:
+    """``[B, S]`` True on response rows whose path ``start(i) < j <= i`` holds a token other than
+    ``pick[:, j - 1]`` (``pick``: ``[B, S - 1]``, the target's greedy choice after each position)."""
+    off = torch.zeros_like(response)
+    off[:, 1:] = response[:, 1:] & (tokens[:, 1:] != pick)
     n_off = torch.cumsum(off.long(), dim=1)
-    return resp & (n_off - torch.gather(n_off, 1, start.clamp(min=0)) > 0)
+    return response & (n_off - torch.gather(n_off, 1, start.clamp(min=0)) > 0)
 
 
 @torch.no_grad()
