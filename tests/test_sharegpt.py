@@ -412,7 +412,11 @@ def test_fixed_answer_dataset(tmp_path: Path) -> None:
     assert len(ex) == 3 and man3["sharegpt"]["excluded"] == 1 and len(man3["settings"]["exclude_sha256"]) == 64
     assert "1 excluded prompts dropped" in next(m for m in logs if "fixed answers" in m and "excluded" in m)
     assert not any("2 plus 2" in line for line in (tmp_path / "fx3" / "prompts.jsonl").read_text().splitlines())
-    assert "exclude_sha256" not in man["settings"]
+    # a manifest written before --exclude-prompts existed (no such setting) is still reused
+    del man["settings"]["exclude_sha256"]
+    (tmp_path / "fx" / "manifest.json").write_text(json.dumps(man))
+    fixed_answer_dataset(smollm2_path(), tmp_path / "fx", st, eval_dir=d, source=f, log=logs.append)
+    assert "reusing" in logs[-1]
 
 
 def test_excluded_prompts_are_never_drawn(tmp_path: Path) -> None:

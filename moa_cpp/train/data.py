@@ -259,6 +259,13 @@ def batched_generate(target, prompts: Sequence[np.ndarray], *, max_new: int, tem
     return out
 
 
+def settings_match(saved: dict, settings: object) -> bool:
+    """Whether a manifest's recorded ``saved`` settings are ``settings`` (a dataclass); a setting added
+    after the dataset was written counts as its default, so older datasets are still reused."""
+    defaults = asdict(type(settings)())
+    return all(saved.get(k, defaults[k]) == v for k, v in asdict(settings).items())
+
+
 def generate_dataset(target_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                      settings: DataSettings, prompt_files: Sequence[str | os.PathLike[str]] = (),
                      log: Callable[[str], None] = print,
@@ -277,10 +284,8 @@ def generate_dataset(target_path: str | os.PathLike[str], out_dir: str | os.Path
     man_path = out / "manifest.json"
     if man_path.is_file():
         man = json.loads(man_path.read_text())
-        saved, defaults = man.get("settings", {}), asdict(DataSettings())
-        # settings added after a dataset was written count as their defaults
-        same = all(saved.get(k, defaults[k]) == v for k, v in asdict(settings).items())
-        if same and man.get("prompt_files") == [str(p) for p in prompt_files]:
+        if (settings_match(man.get("settings", {}), settings)
+                and man.get("prompt_files") == [str(p) for p in prompt_files]):
             log(f"data: reusing {out} ({man['n_samples']} samples, {man['n_tokens']} tokens)")
             return load_dataset(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from . import sharegpt as sg
-from .data import Dataset, file_sha256, load_dataset
+from .data import Dataset, file_sha256, load_dataset, settings_match
 
 __all__ = ["FixedSettings", "fixed_answer_dataset"]
 
@@ -46,14 +46,6 @@ class FixedSettings:
     max_answer_tokens: int = 256        # answers are cut here (as max_new_tokens)
     code_share: Optional[float] = None  # share of pairs whose answer holds a fenced code block (None: as drawn)
     exclude_sha256: Optional[str] = None  # of the sorted prompt keys never drawn (--exclude-prompts)
-
-
-def _record(st: FixedSettings) -> dict:
-    """The manifest's settings (no exclusion: the record of the datasets made before it existed, so they are reused)."""
-    rec = asdict(st)
-    if rec["exclude_sha256"] is None:
-        del rec["exclude_sha256"]
-    return rec
 
 
 def _split(tg, ctx: list, answer: str) -> Optional[tuple[np.ndarray, np.ndarray]]:
@@ -107,7 +99,7 @@ def fixed_answer_dataset(target_path: Union[str, os.PathLike], out_dir: Union[st
     man_path = out / "manifest.json"
     if man_path.is_file():
         man = json.loads(man_path.read_text())
-        if man.get("settings") == _record(st) and man.get("eval_filter") == filter_eval:
+        if settings_match(man.get("settings", {}), st) and man.get("eval_filter") == filter_eval:
             log(f"data (fixed answers): reusing {out} ({man['n_samples']} samples, {man['n_tokens']} tokens)")
             return load_dataset(out)
     t0 = time.time()
@@ -159,7 +151,7 @@ def fixed_answer_dataset(target_path: Union[str, os.PathLike], out_dir: Union[st
     (out / "prompts.jsonl").write_text("".join(json.dumps(k) + "\n" for k in kept))
     p = Path(target_path)
     man = {"model": {"path": str(p), "size": p.stat().st_size, "sha256": file_sha256(p)},
-           "source": "sharegpt-fixed", "settings": _record(st), "eval_filter": filter_eval,
+           "source": "sharegpt-fixed", "settings": asdict(st), "eval_filter": filter_eval,
            "eval_dir": str(eval_dir or sg.default_eval_dir()) if filter_eval else None,
            "sharegpt": stats.as_dict(), "skipped": counts,
            "n_samples": len(ds), "n_tokens": int(len(ds.tokens)), "n_response_tokens": ds.n_response_tokens,
