@@ -29,7 +29,8 @@ HELDOUT=${HELDOUT:-out/heldout160}
 ROUNDS=${ROUNDS:-"c1=1:1300 c2=2:3000 c3=3:4000 c4=4:3000"}
 DATA="--target smollm2 --n-samples 0 --fixed-answers $FIXED --seed $SEED"
 # rounds after c3 never draw a held-out prompt (c1-c3 predate --exclude-prompts: scoring drops theirs)
-case $ROUND in c1|c2|c3) ;; *) DATA="$DATA --exclude-prompts $HELDOUT/data";; esac
+exclude_heldout() { case $1 in c1|c2|c3) ;; *) echo "--exclude-prompts $HELDOUT/data";; esac; }
+DATA="$DATA $(exclude_heldout $ROUND)"
 declare -A FLAGS=([rewarm]="" [nowarm]="--warmup 0" [ns3]="--muon-ns-steps 3" [padlsa]="--lsa-on-padding"
                   [ce0.3]="--ce-weight 0.3" [t5]="--t-range 5 5" [lr1e-3]="--lr 1e-3" [lr5e-4]="--lr 5e-4"
                   [d4]="--loss-max-depth 4" [d8]="--loss-max-depth 8"
@@ -54,9 +55,8 @@ prepare)
     for r in $ROUNDS; do
         name=${r%%=*} spec=${r#*=}
         [ "$name" = "$ROUND" ] && break
-        ex=""; case $name in c1|c2|c3) ;; *) ex="--exclude-prompts $HELDOUT/data";; esac
         test -f out/cont/$name/data-fixed/prompts.jsonl || $MOA train --target smollm2 --out out/cont/$name \
-            --n-samples 0 --fixed-answers ${spec#*:} --seed ${spec%%:*} --data-only $ex
+            --n-samples 0 --fixed-answers ${spec#*:} --seed ${spec%%:*} --data-only $(exclude_heldout $name)
     done
     # what the shipped drafter trained on (a GGUF does not list its prompts): its 1,200 teacher-forced
     # answers (seed 0) and, for its 153 self-distilled answers, the first 400 ShareGPT prompts of the

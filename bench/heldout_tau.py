@@ -33,13 +33,6 @@ from moa_cpp.train.target_torch import TorchTarget  # noqa: E402
 from moa_cpp.train.trainer import compute_features, eval_acceptance, resolve_bf16  # noqa: E402
 
 
-def _run_prompts(run: Path) -> set[str]:
-    """Prompts a run trained on: ``prompts.jsonl`` of its ``data``/``data-fixed`` (or of ``run``
-    itself, for an --exclude directory); for a GGUF, those of the run directory holding it (a GGUF
-    elsewhere, e.g. the shipped one, lists none: pass what it trained on with --exclude)."""
-    return read_prompt_keys([run])
-
-
 def label(run: str) -> str:
     """A row's name: the run directory's, or ``dir/file`` for a GGUF (continuations all write drafter.gguf)."""
     p = Path(run)
@@ -130,7 +123,7 @@ def main() -> int:
     tt = TorchTarget.from_gguf(_target_path(a.target))
     fs = compute_features(tt, ds, held / "features", bf16=resolve_bf16("auto", "cpu"))
     keys = [prompt_key(json.loads(line)) for line in (held / "prompts.jsonl").read_text().splitlines()]
-    seen = set().union(*(_run_prompts(Path(r)) for r in [*a.runs, *a.exclude]))
+    seen = read_prompt_keys([*a.runs, *a.exclude])   # a GGUF: its run directory's prompts
     idx = [i for i in range(len(ds)) if ds.greedy[i] and keys[i] not in seen]
     print(f"held-out: {len(idx)} of {len(ds)} conversations ({len(ds) - len(idx)} dropped: trained on or sampled)")
     rows, per_run = [], []
