@@ -589,6 +589,7 @@ def test_feature_cache_adds_residual_later(fixture_dir: Path, tmp_path: Path) ->
                                         (["--staircase-until", "1.5"], "--staircase-until 1.5: a fraction"),
                                         (["--batching", "sorted"], "invalid choice: 'sorted'"),
                                         (["--optimizer", "sgd"], "invalid choice: 'sgd'"),
+                                        (["--lr", "0"], "--lr 0.0: must be > 0"),
                                         (["--warmup", "-1"], "--warmup, --ce-weight and --loss-max-depth must be >= 0"),
                                         (["--ce-weight", "-0.5"], "--warmup, --ce-weight and --loss-max-depth must be >= 0"),
                                         (["--loss-max-depth", "-2"], "--loss-max-depth must be >= 0"),

@@ -247,3 +247,14 @@ def test_mask_off_target_drops_rows_after_a_token_the_target_would_not_pick(fixt
     assert loss(moved) == base
     with torch.no_grad():                                     # the mask is in the loss
         assert float(loss_fn(m, off, T, stair, 0.1, False)[0]) != base
+
+
+def test_continuations_default_to_a_lower_peak_lr():
+    """A continuation re-warms to 5e-4 unless --lr says otherwise (2e-3 threw a trained drafter
+    back: round c4's A/B in docs/training.md); a run from scratch keeps 2e-3."""
+    import argparse
+
+    from moa_cpp.train.cli import _peak_lr
+    assert _peak_lr(argparse.Namespace(lr=None, init_from="d.gguf")) == 5e-4
+    assert _peak_lr(argparse.Namespace(lr=None, init_from=None)) == 2e-3
+    assert _peak_lr(argparse.Namespace(lr=1e-3, init_from="d.gguf")) == 1e-3
