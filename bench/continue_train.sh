@@ -31,7 +31,7 @@ DATA="--target smollm2 --n-samples 0 --fixed-answers $FIXED --seed $SEED"
 # rounds after c3 never draw a held-out prompt (c1-c3 predate --exclude-prompts: scoring drops theirs)
 exclude_heldout() { case $1 in c1|c2|c3) ;; *) echo "--exclude-prompts $HELDOUT/data";; esac; }
 DATA="$DATA $(exclude_heldout $ROUND)"
-declare -A FLAGS=([rewarm]="" [nowarm]="--warmup 0" [ns3]="--muon-ns-steps 3" [padlsa]="--lsa-on-padding"
+declare -A FLAGS=([rewarm]="--lr 2e-3" [nowarm]="--warmup 0" [ns3]="--muon-ns-steps 3" [padlsa]="--lsa-on-padding"
                   [ce0.3]="--ce-weight 0.3" [t5]="--t-range 5 5" [lr1e-3]="--lr 1e-3" [lr5e-4]="--lr 5e-4"
                   [d4]="--loss-max-depth 4" [d8]="--loss-max-depth 8"
                   [offmask]="--mask-off-target")
