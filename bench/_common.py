@@ -215,7 +215,7 @@ def llama_greedy(llm: Any, ids: Sequence[int], max_tokens: int, is_eog: Callable
     return out, time.perf_counter() - t0, t_first
 
 
-# ---------------------------------------------------------------------------- moa_cpp API (moving)
+# ---------------------------------------------------------------------------- moa_cpp API
 
 def spec_api():
     """The speculative-loop names the benchmarks use, from ``moa_cpp.speculative`` and
@@ -234,10 +234,7 @@ def spec_api():
 
 def set_verify_cost(loop: Any, cfg: Any, verify_cost: dict) -> None:
     """Give a loop's cost-aware policy for ``cfg`` a measured T(k) (no on-disk cache involved)."""
-    if hasattr(loop, "policy_for"):
-        loop.policy_for(cfg).verify_cost = dict(verify_cost)
-    else:                                            # older loop: one T(k) per loop
-        loop._verify_cost = dict(verify_cost)
+    loop.policy_for(cfg).verify_cost = dict(verify_cost)
 
 
 def run_generation(loop, ids, max_tokens: int, sp, cfg=None):
