@@ -3,6 +3,7 @@
 preserves the target's distribution end to end, and the user-facing surfaces."""
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -242,10 +243,16 @@ def test_cli_generate_model_alone_drafts_ngram(fx, tmp_path):
     missing is a clear error."""
     g, _, tgt_path, drafter = fx
 
-    def run(*args: str) -> subprocess.CompletedProcess:
+    def run(*args: str, prompt: str = "") -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "moa_cpp.cli", "generate", "-m", str(tgt_path), "-p",
-                               "one two three one two three one two", "-n", "16", "-c", "512", "--json", *args],
+                               prompt, "-n", "16", "-c", "512", "--json", *args],
                               capture_output=True, text=True, timeout=300)
+    # a prompt that holds the model's own continuation of its start: lookups find matches
+    start = "one two three four"
+    first = run("--no-draft", prompt=start)
+    assert first.returncode == 0, first.stderr
+    prompt = start + json.loads(first.stdout.splitlines()[-1])["text"] + " " + start
+    run = functools.partial(run, prompt=prompt)
     plain = run("--no-draft")
     assert plain.returncode == 0, plain.stderr
     want = json.loads(plain.stdout.splitlines()[-1])["tokens"]
