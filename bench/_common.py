@@ -215,26 +215,18 @@ def llama_greedy(llm: Any, ids: Sequence[int], max_tokens: int, is_eog: Callable
     return out, time.perf_counter() - t0, t_first
 
 
-# ---------------------------------------------------------------------------- moa_cpp API (moving)
+# ---------------------------------------------------------------------------- moa_cpp API
 
 def spec_api():
-    """The speculative-loop names the benchmarks use, from ``moa_cpp.speculative`` (and
-    ``moa_cpp.testing.oracle``), falling back to the older ``moa_cpp.spec`` layout."""
+    """The speculative-loop names the benchmarks use, from ``moa_cpp.speculative`` and
+    ``moa_cpp.testing.oracle``."""
     from types import SimpleNamespace
-    try:
-        from moa_cpp.speculative.loop import SpeculativeLoop
-        from moa_cpp.speculative.policy import measure_verify_cost
-        from moa_cpp.speculative.proposer import MoAProposer
-        from moa_cpp.speculative.types import DraftConfig, SamplingParams
-    except ImportError:
-        from moa_cpp.spec.cost import measure_verify_cost
-        from moa_cpp.spec.loop import SpeculativeLoop
-        from moa_cpp.spec.proposer import DraftConfig, MoAProposer
-        from moa_cpp.spec.verify import SamplingParams
-    try:
-        from moa_cpp.testing.oracle import OracleProposer
-    except ImportError:
-        from moa_cpp.spec.oracle import OracleProposer
+
+    from moa_cpp.speculative.loop import SpeculativeLoop
+    from moa_cpp.speculative.policy import measure_verify_cost
+    from moa_cpp.speculative.proposers import MoAProposer
+    from moa_cpp.speculative.types import DraftConfig, SamplingParams
+    from moa_cpp.testing.oracle import OracleProposer
     return SimpleNamespace(SpeculativeLoop=SpeculativeLoop, measure_verify_cost=measure_verify_cost,
                            MoAProposer=MoAProposer, DraftConfig=DraftConfig, SamplingParams=SamplingParams,
                            OracleProposer=OracleProposer)
@@ -242,10 +234,7 @@ def spec_api():
 
 def set_verify_cost(loop: Any, cfg: Any, verify_cost: dict) -> None:
     """Give a loop's cost-aware policy for ``cfg`` a measured T(k) (no on-disk cache involved)."""
-    if hasattr(loop, "policy_for"):
-        loop.policy_for(cfg).verify_cost = dict(verify_cost)
-    else:                                            # older loop: one T(k) per loop
-        loop._verify_cost = dict(verify_cost)
+    loop.policy_for(cfg).verify_cost = dict(verify_cost)
 
 
 def run_generation(loop, ids, max_tokens: int, sp, cfg=None):

@@ -21,7 +21,7 @@ moa_cpp's cache dir, never committed):
    oracle proposer (``moa_cpp.testing.oracle.OracleProposer``; reference = our plain greedy
    output) at ``--acceptance`` rates with ``--chains``, the cost-aware ``auto:8`` policy with the
    same oracle, and — for Qwen2.5-Coder-1.5B (or ``--draft-model``) — classic draft-model
-   speculation (Qwen2.5-Coder-0.5B drafting, ``moa_cpp.draft_model.DraftModelProposer``) with
+   speculation (Qwen2.5-Coder-0.5B drafting, ``moa_cpp.speculative.proposers.DraftModelProposer``) with
    ``--dm-chains`` and ``auto:8``. The loop caps a verification batch at the target's exact row
    count (``Target.max_exact_rows``: rows beyond it are not bit-identical to single-token
    decodes); chains longer than the cap allows are skipped and reported, ``--uncapped`` lifts the
@@ -287,7 +287,7 @@ def e2e(label: str, target, path: Path, tk: dict, micro: dict, args, threads: in
     dm_chains = [k for k in args.dm_chains if k <= k_cap]
     if dm_path is not None:
         try:
-            from moa_cpp.draft_model import DraftModelProposer
+            from moa_cpp.speculative.proposers import DraftModelProposer
             dm = DraftModelProposer.from_path(dm_path, DraftConfig("chain", chain=max(dm_chains or [1])),
                                               target=target, n_threads=threads)
             print(f"  draft model: {dm_path.name}", flush=True)

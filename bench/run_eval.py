@@ -21,6 +21,11 @@ Rows (all in one process, on the same GGUF, same thread count, flash attention o
 - ``moa VARIANT``: our loop with the MoA drafter and a fixed ``--variants`` draft shape;
 - ``draftmodel VARIANT`` (``--draft-model GGUF``): draft-model speculation (``DraftModelProposer``:
   a small model with the target's tokenizer drafts the chain, e.g. Qwen2.5-Coder-0.5B for the 1.5B);
+- ``ngram VARIANT`` (``--ngram``): prompt-lookup drafts (``NgramProposer``: no drafter, free
+  drafts; ``auto:K`` is the cost-aware policy over them, what ``moa-cpp generate -m any.gguf``
+  runs);
+- ``moa+ngram VARIANT`` (``--hybrid``): the MoA drafter and prompt lookup merged into one tree
+  (``HybridProposer``, ``--spec-type moa,ngram``);
 - ``oracleR VARIANT``: the test-only oracle proposer (acceptance R per token; the speed-up
   ceiling a drafter with that acceptance approaches; needs no drafter).
 
@@ -34,6 +39,11 @@ whole generation call (prompt processing included).
     python bench/run_eval.py -m target.gguf -d drafter.gguf --variants chain:4 tree:6,8,62 \\
         --prompts 10 --max-tokens 128
     python bench/run_eval.py --oracle 0.5 0.7 0.9 --variants chain:3    # speed-up ceiling
+    python bench/run_eval.py --sets grounded --ngram auto:8 chain:4 --hybrid chain:4   # issue 23
+
+Sets: the paper's six (``--data``, default ../shared/data/eval) and ``grounded``
+(bench/prompts/grounded.jsonl: code edits, extraction, summaries, rewrites, questions over a
+passage, written for this repository; where prompt lookup pays).
 
 Writes bench/results/<machine-label>/<--name>.json/.md/.png (bench/_common.write_results).
 """
@@ -54,7 +64,8 @@ from _common import (EVAL_DIR, CallCounter, base_parser, eval_prompts, llama_gre
 
 SETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"]
 PAPER_NAMES = {"mt_bench": "MT-bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "alpaca": "Alpaca",
-               "sum": "CNN/DM", "qa": "Nat. Ques."}
+               "sum": "CNN/DM", "qa": "Nat. Ques.", "grounded": "grounded"}
+OWN_SETS = {"grounded": Path(__file__).resolve().parent / "prompts"}    # sets written for this repository
 LLAMA, PLD, PLAIN, DEFAULT = "llama.cpp", "llama.cpp PLD", "plain", "default auto:8"
 SPLIT_KEYS = ("t_prefill", "t_target", "t_drafter", "t_capture", "t_overhead")
 
@@ -73,7 +84,7 @@ def stats_record(toks: list, t: float, st) -> dict:
            "auto_choices": {str(k): v for k, v in st.auto_choices.items()},
            "accepted_by_depth": st.accepted_by_depth, "proposed_by_depth": st.proposed_by_depth,
            "eog": st.eog_token if st.finish_reason == "stop" else -1, "decision": getattr(st, "decision", ""),
-           "draft_rows": getattr(st, "draft_rows", 0)}
+           "draft_rows": getattr(st, "draft_rows", 0), "by_source": getattr(st, "by_source", {})}
     rec.update({k: getattr(st, k) for k in SPLIT_KEYS})
     return rec
 
@@ -89,9 +100,13 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-model", default=None, metavar="GGUF",
                     help="also run draft-model speculation (llama.cpp's classic `speculative`: a small model with the "
                          "target's tokenizer, e.g. Qwen2.5-Coder-0.5B for the 1.5B) at each --variants chain shape")
+    ap.add_argument("--ngram", nargs="*", default=[], metavar="VARIANT",
+                    help="also run prompt-lookup (n-gram) drafts at these shapes: auto:K, chain:N, tree:D,K,T")
+    ap.add_argument("--hybrid", nargs="*", default=[], metavar="VARIANT",
+                    help="also run the MoA drafter merged with prompt lookup (--spec-type moa,ngram) at these shapes")
     ap.add_argument("--skip", nargs="*", default=[], choices=["pld", "default"],
                     help="leave out llama.cpp's prompt-lookup decoding and/or the CLI default row")
-    ap.add_argument("--sets", nargs="+", default=SETS, choices=SETS)
+    ap.add_argument("--sets", nargs="+", default=SETS, choices=SETS + list(OWN_SETS))
     ap.add_argument("--prompts", type=int, default=4, help="prompts per set (default 4)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--n-ctx", type=int, default=2048)
@@ -135,8 +150,11 @@ def main(argv=None) -> int:
     dm_shapes = [v for v in args.variants if parse_draft(v).mode == "chain"] or ["chain:3"]
     dm_names = [f"draftmodel {v}" for v in dm_shapes] if args.draft_model else []
     oracle_names = [f"oracle{r} {v}" for r in args.oracle for v in oracle_shapes]
+    ngram_names = [f"ngram {v}" for v in args.ngram]
+    hybrid_names = [f"moa+ngram {v}" for v in args.hybrid] if state else []
     ordered = [LLAMA] + ([PLD] if "pld" not in args.skip else []) + [PLAIN] + \
-              ([DEFAULT] if drafter and "default" not in args.skip else []) + moa_names + dm_names
+              ([DEFAULT] if drafter and "default" not in args.skip else []) + moa_names + dm_names + ngram_names + \
+              hybrid_names
     names = ordered + oracle_names
     print(f"target {model}\ndrafter {drafter}\n{threads} threads; methods: {', '.join(names)}", flush=True)
 
@@ -146,11 +164,19 @@ def main(argv=None) -> int:
                  for n, v in zip(moa_names, args.variants)}
     dm_loops = {}
     if dm_names:
-        from moa_cpp.draft_model import DraftModelProposer
+        from moa_cpp.speculative.proposers import DraftModelProposer
         for n, v in zip(dm_names, dm_shapes):   # one draft context per shape: each keeps its KV in step
             cfg = parse_draft(v)
             dm_loops[n] = (SpeculativeLoop(target, DraftModelProposer.from_path(args.draft_model, cfg, target=target,
                                                                                 n_batch=args.n_batch), cfg), cfg)
+    from moa_cpp.speculative.proposers import HybridProposer, NgramProposer
+    ngram_loops = {n: (SpeculativeLoop(target, NgramProposer(parse_draft(v)), parse_draft(v)), parse_draft(v))
+                   for n, v in zip(ngram_names, args.ngram)}
+    for n, v in zip(hybrid_names, args.hybrid):   # a drafter state of its own: the MoA rows keep theirs
+        hstate = DrafterState(state.model, n_ctx=args.n_ctx, n_draft_max=600, n_batch=args.n_batch)
+        cfg = parse_draft(v)
+        ngram_loops[n] = (SpeculativeLoop(target, HybridProposer([MoAProposer(hstate, cfg), NgramProposer(cfg)],
+                                                                 ["moa", "ngram"], cfg), cfg), cfg)
     llm = open_llama(model, n_ctx=args.n_ctx, threads=threads, n_batch=args.n_batch)
     llm_pld = pld_calls = None
     if PLD in names:
@@ -191,8 +217,8 @@ def main(argv=None) -> int:
             return run_loop(plain, ids)
         if name == DEFAULT:
             return run_default(ids)
-        if name in moa_loops or name in dm_loops:
-            loop, cfg = moa_loops.get(name) or dm_loops[name]
+        if name in moa_loops or name in dm_loops or name in ngram_loops:
+            loop, cfg = moa_loops.get(name) or dm_loops.get(name) or ngram_loops[name]
             return run_loop(loop, ids, cfg)
         kind, spec = name.split(" ", 1)                   # oracle
         rate, cfg = float(kind[len("oracle"):]), parse_draft(spec)
@@ -221,13 +247,17 @@ def main(argv=None) -> int:
         print(f"default row: measured T(k) in {time.perf_counter() - t_c:.1f} s (cached in "
               f"{os.environ.get('MOA_CPP_CACHE', '~/.cache/moa_cpp')})", flush=True)
         run_method(DEFAULT, warm, None, 0)
+    for name, (loop, cfg) in ngram_loops.items():
+        if loop.needs_calibration():      # cost-aware rows: T(k) measured (cached) as a user's first run would
+            loop.calibrate()
+            run_method(name, warm, None, 0)
     print(f"warm-up {time.perf_counter() - t_w:.1f} s", flush=True)
 
     records = []
     t_start = time.perf_counter()
     gi = 0
     for set_name in args.sets:
-        for qi, prompt in enumerate(eval_prompts(Path(args.data), [set_name], args.prompts)):
+        for qi, prompt in enumerate(eval_prompts(OWN_SETS.get(set_name, Path(args.data)), [set_name], args.prompts)):
             ids = chat_ids(prompt)
             rot = gi % len(ordered)
             order = ordered[rot:] + ordered[:rot]
@@ -309,6 +339,14 @@ def summarize(records: list, names: list, sets: list) -> dict:
                     choices[int(k)] = choices.get(int(k), 0) + v
             if choices:
                 row["auto_choices"] = dict(sorted(choices.items()))
+            by_source: dict = {}
+            for r in records:
+                for k, v in r[name].get("by_source", {}).items():
+                    d = by_source.setdefault(k, {"proposed": 0, "accepted": 0})
+                    d["proposed"] += v["proposed"]
+                    d["accepted"] += v["accepted"]
+            if len(by_source) > 1:          # which source of a hybrid produced what
+                row["by_source"] = by_source
         decisions = sorted({r[name].get("decision", "") for r in records} - {""})
         if decisions:
             row["decisions"] = decisions
@@ -350,6 +388,11 @@ def markdown(summary: dict, names: list, sets: list, model: str, drafter, args, 
         out += ["Time split of our loop (share of generation time):", "",
                 md_table(["method", "prefill", "target", "drafter", "capture", "python"] + ["auto choices k: cycles"],
                          split_rows), ""]
+    src = [(n, summary[n]["by_source"]) for n in names if summary[n].get("by_source")]
+    if src:
+        out += ["Drafts per source (accepted / proposed; a node both sources proposed counts for both):", ""]
+        out += [f"- {n}: " + ", ".join(f"{k} {v['accepted']}/{v['proposed']}" for k, v in d.items()) for n, d in src]
+        out += [""]
     dec = [(n, summary[n]["decisions"]) for n in names if summary[n].get("decisions")]
     if dec:
         out += ["Draft decisions (stats.decision; the cost-aware default explains its choice):", ""]

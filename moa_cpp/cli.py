@@ -31,7 +31,10 @@ _RUN = {"generate": "run_generate", "convert": "run_convert", "check-parity": "r
         "bundle": "run_bundle"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``command`` only that subcommand's module is imported (the others
+    are listed by name and help), so a one-shot ``moa-cpp generate`` loads neither the converter
+    nor gguf nor the web stack."""
     p = argparse.ArgumentParser(prog="moa-cpp", description="Mixture-of-Attentions speculative decoding for llama.cpp")
     p.add_argument("--version", action="version", version=f"moa_cpp {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -39,15 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     for name, module, help_text in SUBCOMMANDS:
-        mod = importlib.import_module(module, __package__)
         c = sub.add_parser(name, help=help_text)
+        if command is not None and name != command:
+            continue
+        mod = importlib.import_module(module, __package__)
         getattr(mod, _ADD[name])(c)
         c.set_defaults(func=getattr(mod, _RUN[name]))
     return p
 
 
+def _command(argv: list) -> str:
+    """The subcommand named in ``argv`` ("" if none: the parser then only prints help or an error)."""
+    names = {n for n, _, _ in SUBCOMMANDS}
+    return next((a for a in argv if a in names), "") if argv else ""
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.captureWarnings(True)   # e.g. "-ngl on a CPU-only build" as one log line, not a source excerpt

@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from .argtypes import non_negative as _non_negative
 from .argtypes import positive as _positive
 from .errors import InvalidArgumentError
 
@@ -24,13 +25,23 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                         "here drafts as a draft model (same as --draft-model)")
     p.add_argument("--draft-model", metavar="GGUF",
                    help="classic draft-model speculation: a small LLM with the target's tokenizer drafts")
+    p.add_argument("--spec-type", metavar="TYPE[,TYPE]",
+                   help="who drafts (llama.cpp's flag): moa (an MoA drafter), draft (a draft model), ngram (prompt "
+                        "lookup: free, any GGUF), or a comma list merged into one tree, e.g. moa,ngram (default: moa "
+                        "with a drafter, draft with a draft model, ngram with -m alone)")
+    p.add_argument("--spec-ngram-size-n", dest="ngram_n_max", type=_positive, default=3, metavar="N",
+                   help="n-gram drafts: the longest key looked up (tokens; default 3)")
+    p.add_argument("--spec-ngram-size-n-min", dest="ngram_n_min", type=_positive, default=1, metavar="N",
+                   help="n-gram drafts: the shortest key looked up (tokens; default 1)")
     p.add_argument("-p", "--prompt", help="prompt text (required)")
     p.add_argument("--chat", action="store_true", help="apply the target GGUF's chat template")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--chain", "--draft-max", dest="chain", type=_positive, metavar="N",
+    g.add_argument("--chain", "--draft-max", "--spec-draft-n-max", dest="chain", type=_positive, metavar="N",
                    help="draft a chain of N tokens per cycle (default: cost-aware, 0..8 chosen every cycle)")
     g.add_argument("--tree", type=_tree, metavar="DEPTH,TOPK,TOTAL", help="EAGLE-2 dynamic tree (paper: 6,8,62)")
     g.add_argument("--no-draft", action="store_true", help="plain decoding through the same loop (baseline)")
+    p.add_argument("--draft-min", "--spec-draft-n-min", dest="draft_min", type=_non_negative, default=0, metavar="N",
+                   help="verify a proposal only if it holds at least N drafts (llama.cpp's meaning; default 0)")
     p.add_argument("--temp", type=float, default=0.0, help="temperature (0 = greedy, lossless; default 0)")
     p.add_argument("--top-k", type=int, default=0, help="top-k (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="top-p (1 = off)")
@@ -58,22 +69,38 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _resolve_models(args: argparse.Namespace) -> tuple:
-    """(target, MoA drafter or None, draft model or None, draft setting)."""
-    from .defaults import resolve_models
-    target, drafter, draft_model = resolve_models(args.model, args.drafter, args.draft_model, args.no_draft,
-                                                  "--no-draft")
-    if args.no_draft:
-        return target, None, None, "none"
-    return target, drafter, draft_model, args.tree or (f"chain:{args.chain}" if args.chain else "auto:8")
+    """(target, MoA drafter or None, draft model or None, speculative types, draft setting)."""
+    from .defaults import resolve_models, resolve_spec_type
+    from .generator import DEFAULT_DRAFT
+    target, drafter, draft_model = resolve_models(args.model, args.drafter, args.draft_model, args.no_draft)
+    kinds = resolve_spec_type(args.spec_type, drafter, draft_model, args.no_draft)
+    if not kinds:
+        return target, None, None, (), "none"
+    if args.tree and "draft" in kinds and len(kinds) == 1:
+        raise InvalidArgumentError("--tree: a draft model drafts chains only (--chain N or the cost-aware default)")
+    draft = args.tree or (f"chain:{args.chain}" if args.chain else DEFAULT_DRAFT)
+    # a model nobody drafts with is not loaded
+    return (target, drafter if "moa" in kinds else None, draft_model if "draft" in kinds else None, kinds,
+            draft)
+
+
+def _by_source(by_source: dict) -> str:
+    """", accepted moa 12/30, ngram 8/9" (accepted / proposed drafts per proposer), or ""."""
+    parts = [f"{k} {v['accepted']}/{v['proposed']}" for k, v in by_source.items() if v["proposed"]]
+    return ", accepted " + ", ".join(parts) if parts else ""
 
 
 def run_generate(args: argparse.Namespace) -> int:
     from .generator import SpeculativeGenerator
     from .rpc import parse_endpoints
+    from .speculative.proposers import NgramSettings
     from .target import set_llama_log
 
     if args.temp < 0 or not (0 < args.top_p <= 1) or args.top_k < 0:
         raise InvalidArgumentError("--temp must be >= 0, --top-p in (0, 1], --top-k >= 0")
+    if args.ngram_n_min > args.ngram_n_max:
+        raise InvalidArgumentError(f"--spec-ngram-size-n-min ({args.ngram_n_min}) must be <= --spec-ngram-size-n "
+                                   f"({args.ngram_n_max})")
     set_llama_log(bool(args.llama_verbose or getattr(args, "verbose", False)))
     if args.list_devices:
         from .devices import describe
@@ -81,12 +108,14 @@ def run_generate(args: argparse.Namespace) -> int:
         return 0
     if args.prompt is None:
         raise InvalidArgumentError("-p/--prompt is required")
-    target, drafter, draft_model, draft = _resolve_models(args)
+    target, drafter, draft_model, kinds, draft = _resolve_models(args)
     rpc = parse_endpoints(args.rpc) if args.rpc else None
     ngl = args.n_gpu_layers if args.n_gpu_layers is not None else (-1 if rpc else 0)
     gen = SpeculativeGenerator.from_paths(target, drafter, n_ctx=args.n_ctx, n_threads=args.threads,
                                           n_gpu_layers=ngl, device=args.device, draft=draft,
-                                          draft_model=draft_model, rpc=rpc)
+                                          draft_model=draft_model, rpc=rpc, spec_type=kinds,
+                                          ngram=NgramSettings(args.ngram_n_min, args.ngram_n_max),
+                                          draft_min=args.draft_min)
     kw = dict(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
               seed=args.seed, stop=args.stop, chat=args.chat, ignore_eos=args.ignore_eos)
     if args.json:
@@ -94,8 +123,8 @@ def run_generate(args: argparse.Namespace) -> int:
         st = r.stats
         print(json.dumps({"text": r.text, "tokens": r.tokens, "n_tokens": len(r.tokens),
                           "target_calls": st.target_calls, "tau": st.tau, "tokens_per_s": st.tokens_per_s,
-                          "finish_reason": r.finish_reason, "draft": draft, "decision": st.decision,
-                          "stats": st.to_dict()}), flush=True)
+                          "finish_reason": r.finish_reason, "draft": draft, "spec_type": gen.spec_type,
+                          "by_source": st.by_source, "decision": st.decision, "stats": st.to_dict()}), flush=True)
     else:
         for piece in gen.stream(args.prompt, **kw):
             sys.stdout.write(piece)
@@ -104,7 +133,7 @@ def run_generate(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         sys.stdout.flush()
         print(f"[{st.n_generated} tokens, {st.target_calls} target calls, tau {st.tau:.2f}, "
-              f"{st.tokens_per_s:.1f} tok/s; {st.decision}]", file=sys.stderr, flush=True)
+              f"{st.tokens_per_s:.1f} tok/s{_by_source(st.by_source)}; {st.decision}]", file=sys.stderr, flush=True)
     if gen.needs_calibration():
         # after the output: the user's request is answered; the next run uses the measurement
         print("[measuring this target's verify cost once (cached for later runs)...]", file=sys.stderr, flush=True)

@@ -64,7 +64,7 @@ def run_serve(args: argparse.Namespace) -> int:
         # before loading anything: a bundle of other files would only give 409s to its clients
         from .remote.bundle import check_server_bundle
         from .server.sessions import resolve_models
-        target_path, drafter_path, _, _ = resolve_models(settings)
+        target_path, drafter_path, _, _, _ = resolve_models(settings)
         check_server_bundle(settings.bundle, drafter_path, target_path)
     sessions = build_sessions(settings)
     gen0 = sessions[0].gen
@@ -84,7 +84,7 @@ def run_serve(args: argparse.Namespace) -> int:
             if not self.should_exit:
                 print(f"moa-cpp serve: listening on http://{url_host}:{port}", flush=True)
                 print(f"[{srv.model}: {len(sessions)} session(s) x {settings.session_threads()} thread(s), "
-                      f"n_ctx {srv.n_ctx}, draft {gen0.draft}, auth {'on' if settings.api_keys else 'off'}]",
+                      f"n_ctx {srv.n_ctx}, draft {gen0.draft} ({gen0.spec_type}), auth {'on' if settings.api_keys else 'off'}]",
                       file=sys.stderr, flush=True)
 
         def handle_exit(self, sig, frame) -> None:

@@ -21,12 +21,12 @@ def default_drafter() -> str:
     return str(DEFAULT_DRAFTER)
 
 
-def resolve_models(target, drafter, draft_model, no_draft: bool, no_draft_flag: str) -> tuple:
+def resolve_models(target, drafter, draft_model, no_draft: bool) -> tuple:
     """The model paths a command runs: ``(target, MoA drafter or None, draft model or None)``.
 
     No ``-m``: the embedded default target with its drafter (none when drafting is off). A
     ``-d/-md`` that is a plain LLM GGUF drafts as a draft model (llama.cpp's meaning of ``-md``).
-    ``-m`` alone needs a drafter or ``no_draft_flag`` (the command's spelling of "no drafting")."""
+    ``-m`` alone: no drafter model (n-gram drafts, see :func:`resolve_spec_type`)."""
     from .errors import InvalidArgumentError
     from .generator import is_moa_drafter
 
@@ -39,7 +39,27 @@ def resolve_models(target, drafter, draft_model, no_draft: bool, no_draft_flag: 
             raise InvalidArgumentError("-d/--drafter and --draft-model need -m/--model (the drafter's target)")
         target = default_target()
         drafter = None if no_draft else default_drafter()
-    elif drafter is None and draft_model is None and not no_draft:
-        raise InvalidArgumentError(f"-m/--model without -d/--drafter: pass an MoA drafter GGUF (or a draft model), "
-                                   f"or {no_draft_flag}")
     return (target, None, None) if no_draft else (target, drafter, draft_model)
+
+
+def resolve_spec_type(requested, drafter, draft_model, no_draft: bool) -> tuple:
+    """Who drafts, as :func:`~moa_cpp.speculative.proposers.parse_spec_type` kinds: ``requested``
+    (``--spec-type``) if given, else ``moa`` with an MoA drafter, ``draft`` with a draft model,
+    ``ngram`` (prompt lookup, free) with neither; () when drafting is off."""
+    from .errors import InvalidArgumentError
+    from .speculative.proposers import parse_spec_type
+
+    if no_draft:
+        return ()
+    if requested is None:
+        return ("moa",) if drafter is not None else ("draft",) if draft_model is not None else ("ngram",)
+    try:
+        kinds = parse_spec_type(requested)
+    except ValueError as e:
+        raise InvalidArgumentError(f"--spec-type: {e}") from None
+    if "moa" in kinds and drafter is None:
+        raise InvalidArgumentError("--spec-type moa needs an MoA drafter (-d/--drafter; the embedded one without -m)")
+    if "draft" in kinds and draft_model is None:
+        raise InvalidArgumentError("--spec-type draft needs a draft model (-md/--draft-model: a small LLM GGUF with "
+                                   "the target's tokenizer)")
+    return kinds

@@ -5,6 +5,8 @@ Example::
 
     from moa_cpp import SpeculativeGenerator
     gen = SpeculativeGenerator.from_paths("target.gguf", "drafter.gguf", draft="chain:3")
+    # any GGUF, no drafter: prompt-lookup (n-gram) drafts, cost-aware (never slower than plain)
+    gen = SpeculativeGenerator.from_paths("target.gguf", spec_type="ngram")
     result = gen.generate("Write a haiku about the sea.", chat=True, max_tokens=64)
     print(result.text, result.stats.tau, result.stats.tokens_per_s)
     for piece in gen.stream("Once upon a time", max_tokens=32):
@@ -19,19 +21,24 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, Union
 
 
-from .drafter import DrafterModel, DrafterState
+from .drafter import DrafterModel
 from .speculative.loop import SpeculativeLoop
-from .speculative.proposer import MoAProposer
+from .speculative.proposers import NgramSettings, make_proposer, moa_state, parse_spec_type
 from .speculative.types import DraftConfig, SamplingParams, SpecStats
 from .target import Target
 
 Prompt = Union[str, Sequence[int]]
 
+# The draft setting of the library, the CLI and the server when none is given: cost-aware chains
+# of up to 8 drafts, chosen every cycle from the measured verify cost (never slower than plain).
+DEFAULT_DRAFT = "auto:8"
+
 
 def parse_draft(spec: Union[str, DraftConfig, None]) -> DraftConfig:
-    """"chain:N", "tree:DEPTH,TOPK,TOTAL", "auto[:KMAX]", "none" (or a DraftConfig) -> DraftConfig."""
+    """"chain:N", "tree:DEPTH,TOPK,TOTAL", "auto[:KMAX]", "none" (or a DraftConfig) -> DraftConfig;
+    None -> :data:`DEFAULT_DRAFT`."""
     if spec is None:
-        return DraftConfig("chain", chain=3)
+        spec = DEFAULT_DRAFT
     if isinstance(spec, DraftConfig):
         return spec
     s = spec.strip().lower()
@@ -90,27 +97,34 @@ class GenerationResult:
 
 
 class SpeculativeGenerator:
-    """Lossless speculative generation with an MoA drafter over a llama.cpp target.
+    """Lossless speculative generation over a llama.cpp target.
 
     Greedy output (temperature 0) is token-identical to plain greedy decoding of the target;
     with temperature > 0 every token is distributed exactly as the target's own sampling.
-    Build with :meth:`from_paths` or :meth:`from_llama`; ``drafter=None`` decodes plainly
-    through the same loop (the comparison baseline).
+    Build with :meth:`from_paths` or :meth:`from_llama`. Who drafts (``spec_type``, see
+    :func:`~moa_cpp.speculative.proposers.parse_spec_type`): ``"moa"`` (the default with a
+    ``drafter``), ``"ngram"`` (prompt lookup: any target, no drafter), ``"draft"``, a hybrid such
+    as ``"moa,ngram"``, or a ready ``proposer``; none of them: plain decoding through the same
+    loop (the comparison baseline).
     """
 
-    def __init__(self, target: Target, drafter: Optional[DrafterModel], *, draft: Union[str, DraftConfig, None] = None,
-                 n_ctx: Optional[int] = None, proposer: Any = None) -> None:
+    def __init__(self, target: Target, drafter: Optional[DrafterModel] = None, *,
+                 draft: Union[str, DraftConfig, None] = None, n_ctx: Optional[int] = None, proposer: Any = None,
+                 spec_type: Union[str, Sequence[str], None] = None, ngram: NgramSettings = NgramSettings(),
+                 draft_min: int = 0) -> None:
         self.target = target
         self.drafter = drafter
-        has_proposer = drafter is not None or proposer is not None
+        kinds = parse_spec_type(spec_type) if spec_type is not None else (("moa",) if drafter is not None else ())
+        has_proposer = bool(kinds) or proposer is not None
         self.draft = parse_draft(draft) if has_proposer else DraftConfig("none")
-        n = n_ctx or target.n_ctx
-        self.state = (DrafterState(drafter, n_ctx=n, n_draft_max=max(1, 1 + 8 * 64), n_batch=target.n_batch)
-                      if drafter is not None else None)
-        if proposer is None and self.state is not None:
-            proposer = MoAProposer(self.state, self.draft)
+        if proposer is None:
+            proposer = make_proposer(kinds, target, self.draft, drafter=drafter, n_ctx=n_ctx or target.n_ctx,
+                                     ngram=ngram)
         self.proposer = proposer
+        self.spec_type = ",".join(kinds) if proposer is not None and kinds else getattr(proposer, "name", "none")
+        self.state = moa_state(proposer)          # the MoA drafter's state, if one drafts
         self.loop = SpeculativeLoop(target, self.proposer, self.draft)
+        self.loop.draft_min = int(draft_min)
         self.last_stats: Optional[SpecStats] = None
         self._last_prompt: list = []     # token ids of the latest prompt (encoded once per call)
 
@@ -118,26 +132,31 @@ class SpeculativeGenerator:
     def from_paths(cls, target_path: Union[str, Path], drafter_path: Union[str, Path, None] = None, *,
                    n_ctx: int = 4096, n_threads: Optional[int] = None, n_gpu_layers: int = 0, device: str = "auto",
                    draft: Union[str, DraftConfig, None] = None, tli: Optional[int] = None,
-                   draft_model: Union[str, Path, None] = None,
-                   rpc: Optional[Sequence[str]] = None) -> "SpeculativeGenerator":
+                   draft_model: Union[str, Path, None] = None, rpc: Optional[Sequence[str]] = None,
+                   spec_type: Union[str, Sequence[str], None] = None, ngram: NgramSettings = NgramSettings(),
+                   draft_min: int = 0) -> "SpeculativeGenerator":
         """Open a GGUF target and (optionally) an MoA drafter GGUF, or a small LLM GGUF with the
-        target's tokenizer for classic draft-model speculation (``draft_model``). ``rpc``:
-        llama.cpp rpc-servers (``["host:port", ...]``) that hold the offloaded target layers."""
+        target's tokenizer for classic draft-model speculation (``draft_model``). ``spec_type``
+        (default: ``moa`` with a drafter, ``draft`` with a draft model, else plain decoding): who
+        drafts, e.g. ``"ngram"`` or ``"moa,ngram"``. ``rpc``: llama.cpp rpc-servers
+        (``["host:port", ...]``) that hold the offloaded target layers. ``draft_min``: a proposal
+        of fewer drafts is not verified (llama.cpp's ``--draft-min``)."""
         if drafter_path is not None and draft_model is not None:
             raise ValueError("pass an MoA drafter or a draft model, not both")
+        if spec_type is None:
+            spec_type = "moa" if drafter_path is not None else "draft" if draft_model is not None else None
+        kinds = parse_spec_type(spec_type)
         target = Target.from_path(target_path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, rpc=rpc)
         try:
             drafter = (DrafterModel(drafter_path, target_path, device=device, n_threads=n_threads, tli=tli)
                        if drafter_path is not None else None)
-            proposer = None
-            if draft_model is not None:
-                from .draft_model import DraftModelProposer
-                proposer = DraftModelProposer.from_path(draft_model, target=target, n_ctx=n_ctx, n_threads=n_threads,
-                                                        n_gpu_layers=n_gpu_layers)
+            cfg = parse_draft(draft) if kinds else DraftConfig("none")
+            proposer = make_proposer(kinds, target, cfg, drafter=drafter, draft_model=draft_model, n_ctx=n_ctx,
+                                     n_threads=n_threads, n_gpu_layers=n_gpu_layers, ngram=ngram)
         except BaseException:
             target.close()
             raise
-        return cls(target, drafter, draft=draft, proposer=proposer)
+        return cls(target, drafter, draft=draft, proposer=proposer, spec_type=kinds, draft_min=draft_min)
 
     @classmethod
     def from_llama(cls, llm: Any, drafter_path: Union[str, Path, None] = None, *, draft: Union[str, DraftConfig, None] = None,

@@ -1,4 +1,4 @@
-"""Draft-model speculation (moa_cpp.draft_model.DraftModelProposer).
+"""Draft-model speculation (moa_cpp.speculative.proposers.DraftModelProposer).
 
 SmolLM2-135M Q4_1 target, its Q8_0 re-quantization as the draft model (same tokenizer; it
 agrees with the target almost always): greedy speculative output must equal plain greedy output
@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 
 from moa_cpp import models
-from moa_cpp.draft_model import DraftModelProposer
+from moa_cpp.speculative.proposers import DraftModelProposer
 from moa_cpp.errors import InvalidArgumentError
-from moa_cpp.spec.loop import SpeculativeLoop
-from moa_cpp.spec.proposer import DraftConfig
-from moa_cpp.spec.verify import SamplingParams
+from moa_cpp.speculative.loop import SpeculativeLoop
+from moa_cpp.speculative.types import DraftConfig
+from moa_cpp.speculative.types import SamplingParams
 from moa_cpp.target import Target
 
 pytestmark = pytest.mark.model

@@ -3,6 +3,7 @@
 preserves the target's distribution end to end, and the user-facing surfaces."""
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -236,11 +237,38 @@ def test_cli_generate_bad_args(fx, args, msg):
     assert p.returncode == 2 and msg in p.stderr
 
 
-def test_cli_generate_missing_drafter(fx, tmp_path):
-    _, _, tgt_path, _ = fx
-    p = subprocess.run([sys.executable, "-m", "moa_cpp.cli", "generate", "-m", str(tgt_path), "-p", "x"],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "--no-draft" in p.stderr
+def test_cli_generate_model_alone_drafts_ngram(fx, tmp_path):
+    """-m without a drafter: prompt lookup (n-gram) drafts, the same greedy output as plain
+    decoding; --spec-type picks the proposer explicitly, and asking for one whose model is
+    missing is a clear error."""
+    g, _, tgt_path, drafter = fx
+
+    def run(*args: str, prompt: str = "") -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "moa_cpp.cli", "generate", "-m", str(tgt_path), "-p",
+                               prompt, "-n", "16", "-c", "512", "--json", *args],
+                              capture_output=True, text=True, timeout=300)
+    # a prompt that holds the model's own continuation of its start: lookups find matches
+    start = "one two three four"
+    first = run("--no-draft", prompt=start)
+    assert first.returncode == 0, first.stderr
+    prompt = start + json.loads(first.stdout.splitlines()[-1])["text"] + " " + start
+    run = functools.partial(run, prompt=prompt)
+    plain = run("--no-draft")
+    assert plain.returncode == 0, plain.stderr
+    want = json.loads(plain.stdout.splitlines()[-1])["tokens"]
+    for args in ([], ["--spec-type", "ngram", "--chain", "3"], ["--spec-type", "moa,ngram", "-d", str(drafter),
+                                                                  "--tree", "3,2,8"]):
+        p = run(*args)
+        assert p.returncode == 0, p.stderr
+        d = json.loads(p.stdout.splitlines()[-1])
+        assert d["tokens"] == want and d["spec_type"] == (args[1] if args else "ngram")
+        if args:
+            assert d["by_source"]["ngram"]["proposed"] > 0
+    for args, msg in ((["--spec-type", "moa"], "needs an MoA drafter"), (["--spec-type", "eagle"], "unknown"),
+                      (["--spec-type", "draft"], "needs a draft model"),
+                      (["--spec-ngram-size-n", "2", "--spec-ngram-size-n-min", "3"], "must be <=")):
+        p = run(*args)
+        assert p.returncode == 2 and msg in p.stderr, p.stderr
     p = subprocess.run([sys.executable, "-m", "moa_cpp.cli", "generate", "-m", str(tgt_path),
                         "-d", str(tmp_path / "none.gguf"), "-p", "x"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "not found" in p.stderr

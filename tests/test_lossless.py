@@ -29,7 +29,7 @@ from moa_cpp.drafter import DrafterModel, DrafterState
 from moa_cpp.random_drafter import make_random_drafter
 from moa_cpp.speculative.loop import SpeculativeLoop
 from moa_cpp.testing.oracle import OracleProposer, runners_up
-from moa_cpp.speculative.proposer import MoAProposer
+from moa_cpp.speculative.proposers import HybridProposer, MoAProposer, NgramProposer
 from moa_cpp.speculative.types import DraftConfig
 from moa_cpp.speculative.types import SamplingParams
 from moa_cpp.target import Target
@@ -242,6 +242,45 @@ def test_random_drafter_paper_tree_lossless(ctx):
         toks, _ = run(loop, ctx.prompts[i], PAPER_TREE, max_tokens=12)
         ctx.check(i, toks, "random tree6,8,62", max_tokens=12)
     assert chk.drafted > 0
+
+
+@pytest.mark.parametrize("cfg", [DraftConfig("chain", chain=4), SMALL_TREE, DraftConfig("auto", chain=4)],
+                         ids=["chain4", "tree3,3,10", "auto4"])
+def test_ngram_lossless(ctx, cfg):
+    """Prompt-lookup drafts (one-token keys match almost every cycle: many rejections, and long
+    accepted runs where the greedy text repeats itself) are verified to plain decoding's output;
+    the cost-aware policy is given a memory-bound T(k) so that it really drafts."""
+    loop = SpeculativeLoop(ctx.target, NgramProposer(cfg), cfg)
+    if cfg.mode == "auto":
+        loop.policy_for(cfg).verify_cost = {k: 0.01 for k in range(1, 10)}
+    chk = Checker()
+    loop.on_cycle = chk
+    accepted = 0
+    for i, ids in enumerate(ctx.prompts):
+        toks, st = run(loop, ids, cfg)
+        ctx.check(i, toks, f"ngram {cfg}")
+        accepted += st.accepted
+        assert st.by_source.get("ngram", {"accepted": 0})["accepted"] == st.accepted
+    assert chk.drafted > 0 and accepted > 0 and chk.events["root_rejected"] > 0
+
+
+@pytest.mark.parametrize("cfg", [DraftConfig("chain", chain=3), SMALL_TREE], ids=["chain3", "tree3,3,10"])
+def test_hybrid_moa_ngram_lossless(ctx, cfg):
+    """The random MoA drafter and prompt lookup merged into one tree (shared prefixes once):
+    plain decoding's output, drafts of both sources verified and counted per source."""
+    prop = HybridProposer([MoAProposer(ctx.state, cfg), NgramProposer(cfg)], ["moa", "ngram"], cfg)
+    loop = SpeculativeLoop(ctx.target, prop, cfg)
+    chk = Checker()
+    loop.on_cycle = chk
+    proposed = {"moa": 0, "ngram": 0}
+    for i, ids in enumerate(ctx.prompts):
+        toks, st = run(loop, ids, cfg)
+        ctx.check(i, toks, f"hybrid {cfg}")
+        for k in proposed:
+            proposed[k] += st.by_source.get(k, {"proposed": 0})["proposed"]
+        # a node both proposed counts for both: the sources' sum is at least the accepted drafts
+        assert sum(v["accepted"] for v in st.by_source.values()) >= st.accepted
+    assert chk.drafted > 0 and proposed["moa"] > 0 and proposed["ngram"] > 0
 
 
 @pytest.mark.parametrize("rate", [0.5, 0.9, 1.0])

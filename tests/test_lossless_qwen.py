@@ -14,6 +14,7 @@ import pytest
 from moa_cpp.speculative.loop import SpeculativeLoop
 from moa_cpp.speculative.types import DraftConfig, SamplingParams
 from moa_cpp.target import Target
+from moa_cpp.speculative.proposers import HybridProposer, NgramProposer
 from moa_cpp.testing.oracle import OracleProposer
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -69,3 +70,24 @@ def test_oracle_speculation_is_token_identical(qwen, rate):
             if rate == 1.0:
                 assert sst.tau > 1.5
     assert max(seen_rows) == t.max_exact_rows       # verification batches filled up to the cap
+
+
+def test_ngram_and_hybrid_are_token_identical(qwen):
+    """Prompt lookup alone and merged with an oracle (rate 0.8) into one tree, on the K-quant
+    target: every verification batch within the exact cap, output equal to plain greedy."""
+    t, prompts, refs = qwen
+    seen_rows, accepted = [], {"ngram": 0, "oracle": 0}
+    for cfg in (DraftConfig("chain", chain=4), DraftConfig("tree", depth=4, topk=2, total=8)):
+        for i, (ids, (ref, st)) in enumerate(zip(prompts, refs)):
+            reference = ref + ([st.eog_token] if st.finish_reason == "stop" else [])
+            for prop in (NgramProposer(cfg),
+                         HybridProposer([OracleProposer(reference, len(ids), 0.8, t.n_vocab, cfg, seed=i),
+                                         NgramProposer(cfg)], ["oracle", "ngram"], cfg)):
+                loop = SpeculativeLoop(t, prop, cfg)
+                loop.on_cycle = lambda pos, root, p, sc, v: seen_rows.append(sc.logits.shape[0])
+                toks, sst = _run(loop, ids, cfg)
+                assert toks == ref, f"{prop} prompt {i}: diverged from plain greedy"
+                for k in accepted:
+                    accepted[k] += sst.by_source.get(k, {"accepted": 0})["accepted"]
+    assert max(seen_rows) <= t.max_exact_rows
+    assert accepted["ngram"] > 0 and accepted["oracle"] > 0

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from moa_cpp.draft_model import DraftModelProposer
+from moa_cpp.speculative.proposers import DraftModelProposer, NgramProposer
 from moa_cpp.speculative.loop import SpeculativeLoop
 from moa_cpp.speculative.types import DraftConfig, Proposal, SamplingParams
 from moa_cpp.speculative.verify import probs_from_logits
@@ -223,6 +223,40 @@ def test_tree_sampling_law_with_deep_acceptance(setup):
     print(f"\n[sampling e2e] tree 2x2: acceptance {accepted / drafted:.2f}, depth-2 acceptances {deep}, "
           f"p = {pval:.3g}")
     assert deep > n // 2
+    assert pval > ALPHA, f"chi-square p = {pval:.2e}"
+
+
+def test_ngram_tree_sampling_law(setup):
+    """Prompt-lookup drafts under sampling: point masses (q = None), several siblings per node.
+    The prompt repeats the base prompt's tail three times, each followed by one of its three
+    likeliest next tokens and their own likeliest continuations, so that once the first emitted
+    token is one of those, the tree offers three distinct continuations of two tokens below the
+    root (sibling rejection at depth 1, deep acceptance below it). The emitted law must be the
+    target's own for this prompt."""
+    target, _, base, path = setup
+    probe = Lookup(path, base)
+    firsts = [int(t) for t in np.argsort(-probe(()), kind="stable")[:3]]
+    prompt = list(base)
+    for a in firsts:
+        cont = [a]
+        for _ in range(3):
+            cont.append(int(np.argmax(probe(tuple(cont)))))
+        prompt += base[-2:] + cont
+    prompt += base[-2:]
+    probe.t.close()
+    lookup = Lookup(path, prompt)
+    try:
+        cfg = DraftConfig("tree", depth=3, topk=3, total=9)
+        counts, drafted, accepted, deep, _ = _sample(SpeculativeLoop(target, NgramProposer(cfg, n_max=3), cfg),
+                                                     prompt, N, seed0=2 * 10 ** 6)
+        law = lookup.law(SP, N_TOKENS)
+    finally:
+        lookup.t.close()
+    pval = _p_value(counts, law, N)
+    print(f"\n[sampling e2e] ngram tree: acceptance {accepted / max(1, drafted):.2f} of {drafted} drafts, "
+          f"cycles accepted past depth 1: {deep}, p = {pval:.3g}")
+    assert accepted > N // 4 and deep > N // 20      # drafts accepted, also deep
+    assert accepted < drafted
     assert pval > ALPHA, f"chi-square p = {pval:.2e}"
 
 

@@ -1,6 +1,6 @@
 """`moa-cpp serve` with real clients: the official `openai` package and raw HTTP against a real
-server process on 127.0.0.1 (embedded default model + shipped drafter, drafting forced with
---draft chain:4 so that speculation really runs). Greedy output must equal plain decoding
+server process on 127.0.0.1 (embedded default model + shipped drafter merged with prompt lookup,
+``--spec-type moa,ngram``, drafting forced with --draft chain:4 so that speculation really runs). Greedy output must equal plain decoding
 (`moa-cpp generate --no-draft`); auth, queueing, killed clients and SIGTERM are exercised for real.
 """
 from __future__ import annotations
@@ -30,7 +30,8 @@ COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"
 def server(tmp_path_factory):
     keyfile = tmp_path_factory.mktemp("keys") / "keys.txt"
     keyfile.write_text(f"# test keys\nother-key-abc\n{KEY}\n")
-    srv = ServerProc("--parallel", "2", "--queue", "1", "--draft", "chain:4", "--api-key-file", str(keyfile))
+    srv = ServerProc("--parallel", "2", "--queue", "1", "--draft", "chain:4", "--spec-type", "moa,ngram",
+                     "--api-key-file", str(keyfile))
     yield srv
     assert srv.terminate() == 0, "".join(srv.stderr_lines)
 
@@ -102,6 +103,8 @@ def test_request_draft_override_keeps_output(server, plain):
                                                       "moa": {"draft": draft}}, key=KEY)
         assert st == 200, body
         assert body["choices"][0]["text"] == ref and body["moa"]["draft"] == draft
+        if draft != "none":     # both sources of the hybrid drafted, counted apart
+            assert all(body["moa"]["by_source"][k]["proposed"] > 0 for k in ("moa", "ngram")), body["moa"]
     st, _, body = server.post("/v1/completions", {"prompt": p, "moa": {"draft": "tree:6,8,500"}}, key=KEY)
     assert st == 400 and body["error"]["param"] == "moa.draft"
 

@@ -152,3 +152,24 @@ def test_import_moa_cpp_does_not_import_the_web_stack():
             "bad = [m for m in sys.modules if m.split('.')[0] in ('starlette', 'uvicorn', 'openai')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_who_drafts_is_resolved_from_the_models_given(tmp_path):
+    """-m alone drafts with prompt lookup; --spec-type names the proposers and must have their
+    models; a model nobody drafts with is not loaded."""
+    from moa_cpp import models
+    from moa_cpp.server.sessions import resolve_models
+    from moa_cpp.server.settings import ServerSettings
+    try:
+        target = str(models.smollm2_path())
+    except models.ModelNotInstalledError as e:
+        pytest.skip(str(e))
+    assert resolve_models(ServerSettings(model=target))[1:4] == (None, None, ("ngram",))
+    assert resolve_models(ServerSettings(model=target, draft="none"))[3:] == ((), "none")
+    _, drafter, _, kinds, draft = resolve_models(ServerSettings(spec_type="moa,ngram"))
+    assert drafter is not None and kinds == ("moa", "ngram") and draft == "auto:8"
+    assert resolve_models(ServerSettings(spec_type="ngram"))[1] is None      # the embedded drafter unused
+    with pytest.raises(InvalidArgumentError, match="needs an MoA drafter"):
+        resolve_models(ServerSettings(model=target, spec_type="moa"))
+    with pytest.raises(InvalidArgumentError, match="must be <="):
+        resolve_models(ServerSettings(model=target, ngram_n_min=4, ngram_n_max=2))

@@ -9,7 +9,7 @@ from conftest import fixture_dirs
 from moa_cpp.convert import convert
 from moa_cpp.drafter import Drafter
 from moa_cpp.speculative.types import Proposal
-from moa_cpp.speculative.proposer import MoAProposer
+from moa_cpp.speculative.proposers import MoAProposer
 from moa_cpp.speculative.types import DraftConfig
 from moa_cpp.speculative.types import SamplingParams
 from moa_cpp.speculative.verify import verify_greedy

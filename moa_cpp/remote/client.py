@@ -28,9 +28,9 @@ from urllib.parse import urlparse
 import numpy as np
 
 
-from ..drafter import DrafterModel, DrafterState
+from ..drafter import DrafterModel
 from ..generator import parse_draft
-from ..speculative.proposer import MoAProposer
+from ..speculative.proposers import make_proposer, moa_state
 from ..speculative.types import DraftConfig, SamplingParams
 from . import protocol as P
 
@@ -251,8 +251,9 @@ class RemoteGenerator:
         self.model = DrafterModel(drafter, target, n_threads=n_threads)
         self.max_unverified, self.resync_wait, self.probe_timeout = int(max_unverified), resync_wait, probe_timeout
         # offline drafting keeps the unverified chain as pending draft rows
-        self.state = DrafterState(self.model, n_ctx=n_ctx, n_draft_max=max(1 + 16 * 16, self.max_unverified + 2))
-        self.proposer = MoAProposer(self.state, self.draft)
+        self.proposer = make_proposer("moa", None, self.draft, drafter=self.model, n_ctx=n_ctx,
+                                      n_draft_max=max(1 + 16 * 16, self.max_unverified + 2))
+        self.state = moa_state(self.proposer)
         self.vocab = llama_cpp.Llama(str(vocab_path), vocab_only=True, verbose=False)
         ctype = P.MSGPACK if use_msgpack and P._has_msgpack() else P.JSON
         self.http = _Transport(url, key, timeout, ctype)
@@ -629,7 +630,7 @@ class _Run:
     def _push(self, logits: np.ndarray) -> None:
         g = self.g
         tok = int(np.argmax(logits))
-        tok = tok if g.proposer._d2t is None else int(g.proposer._d2t[tok])
+        tok = int(g.proposer.target_ids(np.array([tok]))[0])
         self.unverified.append(tok)
         self.st.unverified_tokens += 1
         self._emit(Event("tokens", len(self.out) + len(self.unverified) - 1, (tok,), False))

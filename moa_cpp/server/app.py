@@ -65,6 +65,8 @@ class Server:
         self.jobs: set = set()
         gen = sessions[0].gen
         self.has_proposer = gen.proposer is not None
+        self.chains_only = bool(getattr(gen.proposer, "chains_only", False))   # a draft model alone
+        self.spec_type = gen.spec_type
         self.n_ctx = gen.target.n_ctx
         self.max_tokens_limit = settings.max_tokens_limit or self.n_ctx
 
@@ -86,6 +88,9 @@ class Server:
                               param="moa.draft")
         if cfg.mode in ("chain", "auto") and cfg.chain > s.max_chain:
             raise bad_request(f"moa.draft: at most {s.max_chain} drafted tokens per cycle", param="moa.draft")
+        if cfg.mode == "tree" and self.chains_only:
+            raise bad_request("this server drafts with a draft model, which drafts chains: moa.draft must be "
+                              "auto[:K], chain:N or none", param="moa.draft")
         if cfg.mode == "tree" and (cfg.total > s.max_tree_nodes or cfg.depth > 16 or cfg.topk > 16):
             raise bad_request(f"moa.draft: trees up to {s.max_tree_nodes} nodes, depth 16, top-k 16",
                               param="moa.draft")
@@ -176,7 +181,7 @@ def _error_of(exc: BaseException) -> APIError:
 def _moa(stats: Any, draft: str) -> dict:
     return {"tau": round(stats.tau, 4), "target_calls": stats.target_calls, "draft": draft,
             "decision": stats.decision, "drafted": stats.drafted, "accepted": stats.accepted,
-            "tokens_per_s": round(stats.tokens_per_s, 2)}
+            "by_source": stats.by_source, "tokens_per_s": round(stats.tokens_per_s, 2)}
 
 
 class _Completion:

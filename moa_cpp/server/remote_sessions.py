@@ -43,6 +43,7 @@ class ClientProposals:
     verified rows' captured K/V into CA entries for the response."""
 
     needs_capture = True
+    name = "client"
     acceptance_prior = None
     row_cost = None
 

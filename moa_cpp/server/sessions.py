@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..generator import SpeculativeGenerator, parse_draft
+from ..speculative.proposers import make_proposer
 from .errors import APIError
 from .settings import ServerSettings
 
@@ -27,19 +28,31 @@ class Session:
 
 
 def resolve_models(s: ServerSettings) -> tuple:
-    """(target path, MoA drafter path or None, draft-model path or None, draft spec)."""
-    from ..defaults import resolve_models as resolve
+    """(target path, MoA drafter path or None, draft-model path or None, speculative types, draft
+    spec); a model no proposer drafts with is None (not loaded)."""
+    from ..defaults import resolve_models as resolve, resolve_spec_type
+    from ..errors import InvalidArgumentError
     draft = parse_draft(s.draft)
-    target, drafter, draft_model = resolve(s.model, s.drafter, None, draft.mode == "none", "--draft none")
-    return target, drafter, draft_model, "none" if draft.mode == "none" else str(draft)
+    off = draft.mode == "none"
+    target, drafter, draft_model = resolve(s.model, s.drafter, None, off)
+    kinds = resolve_spec_type(s.spec_type, drafter, draft_model, off)
+    if s.ngram_n_min > s.ngram_n_max:
+        raise InvalidArgumentError(f"--spec-ngram-size-n-min ({s.ngram_n_min}) must be <= --spec-ngram-size-n "
+                                   f"({s.ngram_n_max})")
+    if not kinds:
+        return target, None, None, (), "none"
+    return (target, drafter if "moa" in kinds else None, draft_model if "draft" in kinds else None, kinds,
+            str(draft))
 
 
 def build_sessions(s: ServerSettings) -> list:
-    """Load the target once, then ``s.parallel`` contexts + drafter states on it."""
+    """Load the target once, then ``s.parallel`` contexts + proposers on it (the drafter's weights
+    are shared; each session has its own drafter state or draft-model context)."""
     from ..drafter import DrafterModel
+    from ..speculative.proposers import NgramSettings
     from ..target import Target
 
-    target_path, drafter_path, draft_model, draft = resolve_models(s)
+    target_path, drafter_path, draft_model, kinds, draft = resolve_models(s)
     threads = s.session_threads()
     base = Target.from_path(target_path, n_ctx=s.n_ctx, n_threads=threads, n_gpu_layers=s.n_gpu_layers,
                             rpc=s.rpc or None)
@@ -51,10 +64,12 @@ def build_sessions(s: ServerSettings) -> list:
             tgt = base if i == 0 else base.sibling(n_threads=threads)
             proposer = None
             if draft_model is not None:
-                from ..draft_model import DraftModelProposer
-                proposer = DraftModelProposer.from_path(draft_model, target=tgt, n_ctx=s.n_ctx, n_threads=threads,
-                                                        n_gpu_layers=s.n_gpu_layers)
-            sessions.append(Session(i, SpeculativeGenerator(tgt, drafter, draft=draft, proposer=proposer)))
+                proposer = make_proposer(kinds, tgt, parse_draft(draft), drafter=drafter, draft_model=draft_model,
+                                         n_ctx=s.n_ctx, n_threads=threads, n_gpu_layers=s.n_gpu_layers,
+                                         ngram=NgramSettings(s.ngram_n_min, s.ngram_n_max))
+            sessions.append(Session(i, SpeculativeGenerator(tgt, drafter, draft=draft, proposer=proposer,
+                                                            spec_type=kinds, draft_min=s.draft_min,
+                                                            ngram=NgramSettings(s.ngram_n_min, s.ngram_n_max))))
     except BaseException:
         for ss in sessions:
             ss.gen.close()

@@ -25,6 +25,10 @@ class ServerSettings:
     n_gpu_layers: int = 0
     device: str = "auto"                    # drafter device
     draft: str = "auto:8"
+    spec_type: Optional[str] = None         # who drafts (None: moa / draft / ngram by the models given)
+    ngram_n_min: int = 1
+    ngram_n_max: int = 3
+    draft_min: int = 0
     rpc: tuple = ()
     model_alias: Optional[str] = None
     # limits on what a client controls
@@ -73,6 +77,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "such as CUDA0 (moa-cpp generate --list-devices)")
     p.add_argument("--draft", default="auto:8",
                    help="auto[:KMAX] (cost-aware, default auto:8), chain:N, tree:DEPTH,TOPK,TOTAL or none")
+    p.add_argument("--spec-type", metavar="TYPE[,TYPE]",
+                   help="who drafts (llama.cpp's flag): moa, draft, ngram (prompt lookup: free, any GGUF) or a "
+                        "comma list merged into one tree, e.g. moa,ngram (default: moa with a drafter, draft with a "
+                        "draft model, ngram with -m alone)")
+    p.add_argument("--spec-ngram-size-n", dest="ngram_n_max", type=_positive, default=3, metavar="N",
+                   help="n-gram drafts: the longest key looked up (tokens; default 3)")
+    p.add_argument("--spec-ngram-size-n-min", dest="ngram_n_min", type=_positive, default=1, metavar="N",
+                   help="n-gram drafts: the shortest key looked up (tokens; default 1)")
+    p.add_argument("--draft-min", "--spec-draft-n-min", dest="draft_min", type=_non_negative, default=0, metavar="N",
+                   help="verify a proposal only if it holds at least N drafts (default 0)")
     p.add_argument("--rpc", metavar="HOST:PORT,...",
                    help="llama.cpp rpc-servers that hold the offloaded target layers (moa-cpp rpc-server); "
                         "rpc-server has no authentication: private networks only")
@@ -101,6 +115,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           api_keys=load_api_keys(args.api_key_file), insecure_no_auth=args.insecure_no_auth,
                           parallel=args.parallel, queue=args.queue, n_ctx=args.n_ctx, threads=args.threads,
                           n_gpu_layers=ngl, device=args.device, draft=args.draft, rpc=rpc,
+                          spec_type=args.spec_type, ngram_n_min=args.ngram_n_min, ngram_n_max=args.ngram_n_max,
+                          draft_min=args.draft_min,
                           model_alias=args.model_alias, max_body_bytes=args.max_body_bytes,
                           max_tokens_limit=args.max_tokens_limit, max_tree_nodes=args.max_tree_nodes,
                           body_timeout_s=args.body_timeout, idle_timeout_s=args.idle_timeout,

@@ -2,13 +2,14 @@
 
 - :mod:`.types` — plain data: Proposal, Scores, Verdict, DraftConfig, SamplingParams,
   StepResult, SpecStats, the Proposer protocol;
-- :mod:`.proposer` — the MoA drafter as a proposer (chain or EAGLE-2 dynamic tree);
+- :mod:`.proposers` — who drafts: the MoA drafter (chain or EAGLE-2 dynamic tree), a draft
+  model, n-gram prompt lookup, hybrids of them; :func:`.proposers.make_proposer` builds them;
 - :mod:`.scorer` — ONE target decode over root + drafts, and the target-side commit;
 - :mod:`.verify` — pure NumPy verifiers (greedy; distribution-preserving sampling);
 - :mod:`.policy` — draft shapes per cycle (fixed, cost-aware) and the T(k) measurement;
 - :mod:`.loop` — prefill, then step() = propose -> score -> verify -> commit.
 """
 from .loop import SpeculativeLoop, StepEvent  # noqa: F401
-from .policy import CostAwarePolicy, FixedPolicy, measure_verify_cost  # noqa: F401
+from .policy import CostAwarePolicy, FixedPolicy, Policy, measure_verify_cost  # noqa: F401
 from .types import (DraftConfig, Proposal, Proposer, SamplingParams, Scores, SpecStats,  # noqa: F401
                     StepResult, Verdict)

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import CacheFullError
 from ..target import MAX_VERIFY_ROWS, Target
-from .policy import CostAwarePolicy, make_policy
+from .policy import Policy, make_policy
 from .scorer import TargetScorer
 from .types import (NO_DRAFT, DraftConfig, Proposal, Proposer, SamplingParams, Scores, SpecStats, StepResult,
                     Verdict)
@@ -42,7 +42,7 @@ class Generation:
 
     max_tokens: int
     sp: SamplingParams
-    policy: object
+    policy: Policy
     rng: Optional[np.random.Generator]
     stats: SpecStats
     root: int = -1                 # last emitted token, not yet decoded by the target
@@ -83,6 +83,7 @@ class SpeculativeLoop:
         self.proposer = proposer
         self.draft = draft if proposer is not None else NO_DRAFT
         self.scorer = TargetScorer(target)
+        self.draft_min = 0            # a proposal of fewer drafts is not verified (llama.cpp's --draft-min)
         self._policies: dict = {}
         # Optional observer of every cycle: on_cycle(pos, root, proposal, scores, verdict) (tests,
         # diagnostics). Called after verification, before the commit.
@@ -107,7 +108,7 @@ class SpeculativeLoop:
         """:meth:`batch_rows` of the loop's default draft setting."""
         return self.batch_rows(self.draft)
 
-    def policy_for(self, cfg: DraftConfig):
+    def policy_for(self, cfg: DraftConfig) -> Policy:
         """The policy object of a draft setting (cost-aware ones persist across generations)."""
         key = str(cfg)
         if key not in self._policies:
@@ -121,10 +122,10 @@ class SpeculativeLoop:
     def calibrate(self) -> None:
         """Measure (once, cached on disk) what the cost-aware policies need: T(k) and the exact
         batch size. Call it when a user is not waiting (after a CLI run, at server start)."""
-        for key, p in self._policies.items():
-            if isinstance(p, CostAwarePolicy):
-                p.calibrate(self.target)
-                self.batch_rows(DraftConfig("auto", chain=p.k_max))
+        for p in self._policies.values():
+            widest = p.calibrate(self.target)
+            if widest is not None:
+                self.batch_rows(widest)
         if self.draft.mode != "none":
             self.batch_rows(self.draft)          # the default setting's exact batch size
 
@@ -180,6 +181,8 @@ class SpeculativeLoop:
         t = time.perf_counter()
         proposal = self._propose(g, cfg)
         t_draft = time.perf_counter() - t
+        if not proposal.n and not g.carry and not self._captures():
+            return self._plain_step(g, t_draft)    # nothing to verify (no n-gram match): a plain step
         t = time.perf_counter()
         try:
             scores = self.scorer.score(g.carry, g.root, g.n, proposal, g.drafting and self._captures(),
@@ -203,14 +206,16 @@ class SpeculativeLoop:
         st.t_drafter += t_draft + t_commit
         st.t_capture += t_capture
         st.record_depths(int(proposal.depths.max()) if proposal.n else 0, verdict.n_accepted)
+        st.record_sources(self._source_names(), proposal, verdict.path)
         st.accept_lengths.append(verdict.n_accepted + 1)
         return self._emit(g, verdict.tokens + [verdict.bonus], proposal.n, verdict.n_accepted,
                           proposal.draft_rows, str(cfg), t_draft + t_commit, t_target, t_capture)
 
-    def _plain_step(self, g: Generation) -> StepResult:
+    def _plain_step(self, g: Generation, t_draft: float = 0.0) -> StepResult:
         """Plain decoding (nothing drafted, nothing to commit): decode the root alone, sample.
         The same as a step with an empty proposal, without the bookkeeping (it is the baseline
-        a user compares with, so it must cost no more than llama.cpp's own loop)."""
+        a user compares with, so it must cost no more than llama.cpp's own loop). ``t_draft``:
+        a proposer's time on this cycle that found nothing to draft."""
         t = time.perf_counter()
         try:
             logits = self.target.decode((g.root,), (g.n,), capture=False)
@@ -227,11 +232,17 @@ class SpeculativeLoop:
         st = g.stats
         st.target_calls += 1
         st.t_target += t_target
+        st.t_drafter += t_draft
         st.accept_lengths.append(1)
-        return self._emit(g, [nxt], 0, 0, 0, "none", 0.0, t_target, 0.0)
+        return self._emit(g, [nxt], 0, 0, 0, "none", t_draft, t_target, 0.0)
 
     def _captures(self) -> bool:
         return bool(getattr(self.proposer, "needs_capture", False))
+
+    def _source_names(self) -> list:
+        """The statistics' names of the proposer's sources (bit order of ``Proposal.sources``)."""
+        names = getattr(self.proposer, "names", None)
+        return list(names) if names else [getattr(self.proposer, "name", "draft")]
 
     def _shape(self, g: Generation, room: int) -> DraftConfig:
         """This cycle's draft shape: the policy's choice, cut to the tokens left and the room."""
@@ -239,7 +250,7 @@ class SpeculativeLoop:
             return NO_DRAFT
         st = g.stats
         policy = g.policy
-        if isinstance(policy, CostAwarePolicy):
+        if policy.adaptive:
             cfg = policy.choose(st.t_drafter / st.draft_rows if st.draft_rows else None)
             if cfg.mode == "none" and policy.gave_up():
                 # drafting does not pay here: plain decoding for the rest of this generation,
@@ -254,7 +265,7 @@ class SpeculativeLoop:
         # only waste drafter work: ask for no more than fits
         left = min(g.max_tokens - g.generated, room, g.max_rows - 1 - len(g.carry))
         if cfg.mode == "chain" and cfg.chain > left:
-            cfg = DraftConfig("chain", chain=left) if left > 0 else NO_DRAFT
+            cfg = DraftConfig("chain", chain=left, budget=min(cfg.budget, left)) if left > 0 else NO_DRAFT
         return cfg
 
     def _propose(self, g: Generation, cfg: DraftConfig) -> Proposal:
@@ -262,6 +273,8 @@ class SpeculativeLoop:
             return Proposal.empty()
         proposal = self.proposer.propose(g.feed, g.root, g.n, g.sp, g.rng, cfg)
         g.feed = []
+        if proposal.n < self.draft_min:
+            proposal = Proposal.empty(proposal.draft_rows)
         room = self.target.n_ctx - g.n - 1
         cap = min(g.max_rows - 1 - len(g.carry), room) if proposal.n else 0
         if proposal.n > cap:

@@ -21,7 +21,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -221,8 +221,28 @@ def best_chain_length(verify_cost: dict, rates: Sequence[float], t_row: float, k
 
 # ---------------------------------------------------------------------------- policies
 
+class Policy(Protocol):
+    """What the loop asks a draft policy: at the start of a generation whether to draft at all
+    (:meth:`begin`), every cycle the shape (:meth:`choose`) and whether to stop drafting for the
+    rest of the generation (:meth:`gave_up`), after it what was accepted (:meth:`update`).
+    ``adaptive``: the shape changes per cycle (the statistics count the choices). Calibration:
+    what it needs measured before it can draft (:meth:`needs_calibration`, :meth:`calibrate`,
+    which returns the widest shape it may choose: the loop measures that shape's exact batch)."""
+
+    adaptive: bool
+
+    def begin(self, target: Target, proposer, k_cap: Callable[[], int]) -> tuple[bool, str]: ...
+    def choose(self, t_row: Optional[float]) -> DraftConfig: ...
+    def gave_up(self) -> bool: ...
+    def update(self, proposed: int, accepted: int) -> None: ...
+    def needs_calibration(self) -> bool: ...
+    def calibrate(self, target: Target) -> Optional[DraftConfig]: ...
+
+
 class FixedPolicy:
     """The same draft shape every cycle."""
+
+    adaptive = False
 
     def __init__(self, config: DraftConfig) -> None:
         self.config = config
@@ -236,11 +256,17 @@ class FixedPolicy:
     def choose(self, t_row: Optional[float]) -> DraftConfig:
         return self.config
 
+    def gave_up(self) -> bool:
+        return False
+
     def update(self, proposed: int, accepted: int) -> None:
         pass
 
     def needs_calibration(self) -> bool:
         return False
+
+    def calibrate(self, target: Target) -> Optional[DraftConfig]:
+        return None
 
 
 class CostAwarePolicy:
@@ -248,6 +274,8 @@ class CostAwarePolicy:
 
     The acceptance estimate persists across generations of the same loop (same drafter and
     target); T(k) comes from the on-disk cache (:func:`measure_verify_cost`)."""
+
+    adaptive = True
 
     def __init__(self, k_max: int = 8, settings: CostAwareSettings = CostAwareSettings()) -> None:
         self.k_max = k_max
@@ -324,7 +352,8 @@ class CostAwarePolicy:
             k = min(k_opt, self.s.probe_chain)
         else:
             self._idle = 0
-        return DraftConfig("chain", chain=k) if k else NO_DRAFT
+        # budget: a proposer merging several sources stays within the k drafts priced here
+        return DraftConfig("chain", chain=k, budget=k) if k else NO_DRAFT
 
     def gave_up(self) -> bool:
         """True once drafting could not pay even optimistically for give_up_after cycles, with
@@ -340,13 +369,13 @@ class CostAwarePolicy:
     def needs_calibration(self) -> bool:
         return self._calibrate
 
-    def calibrate(self, target: Target) -> dict:
+    def calibrate(self, target: Target) -> DraftConfig:
         """Measure and cache T(k) for k = 1..k_max + 1 (once per model / build / threads)."""
         self.verify_cost = measure_verify_cost(target, ks=tuple(range(1, self.k_max + 2)))
         self._calibrate = False
-        return self.verify_cost
+        return DraftConfig("auto", chain=self.k_max)
 
 
-def make_policy(config: DraftConfig):
+def make_policy(config: DraftConfig) -> Policy:
     """The policy of a draft setting: ``auto:K`` -> cost-aware, anything else fixed."""
     return CostAwarePolicy(config.chain) if config.mode == "auto" else FixedPolicy(config)

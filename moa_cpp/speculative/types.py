@@ -42,6 +42,10 @@ class DraftConfig:
     mode "auto": a chain whose length (0..``chain``) is chosen every cycle from the measured
     verify cost T(k) and the acceptance observed so far (:mod:`moa_cpp.speculative.policy`).
     mode "none": no drafts (plain decoding through the same loop).
+
+    ``budget`` (0: none): the most draft nodes a cycle may verify in all, whatever the shape; the
+    cost-aware policy sets it to the k drafts it priced, so that a proposer merging several
+    sources (:mod:`moa_cpp.speculative.proposers.hybrid`) stays within that price.
     """
 
     mode: str = "chain"
@@ -49,6 +53,7 @@ class DraftConfig:
     depth: int = 6
     topk: int = 8
     total: int = 62
+    budget: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in ("chain", "tree", "none", "auto"):
@@ -57,6 +62,8 @@ class DraftConfig:
             raise ValueError("chain length must be >= 1")
         if self.mode == "tree" and (self.depth < 1 or self.topk < 1 or self.total < 1):
             raise ValueError("tree depth, topk and total must be >= 1")
+        if self.budget < 0:
+            raise ValueError("draft budget must be >= 0")
 
     @property
     def max_nodes(self) -> int:
@@ -101,6 +108,9 @@ class Proposal:
     # target vocabulary; None for deterministic (arg-max / top-k) drafts.
     q: Optional[list] = None
     draft_rows: int = 0
+    # Which sources proposed each node (int64 [n], bit s = source s of a hybrid proposer); None: one
+    # source, the proposer itself
+    sources: Optional[np.ndarray] = None
 
     @property
     def n(self) -> int:
@@ -125,7 +135,8 @@ class Proposal:
         cut = slice(0, max(0, k))
         return Proposal(self.tokens[cut], self.parents[cut], self.depths[cut],
                         None if self.scores is None else self.scores[cut],
-                        None if self.q is None else self.q[cut], self.draft_rows)
+                        None if self.q is None else self.q[cut], self.draft_rows,
+                        None if self.sources is None else self.sources[cut])
 
     def children(self) -> list[list[int]]:
         """children[i + 1] = child node indices of node i; children[0] = the root's children."""
@@ -206,6 +217,9 @@ class SpecStats:
     finish_reason: str = ""       # "stop" (EOG / stop string) or "length"
     eog_token: int = -1           # the end-of-generation token that stopped it (-1: none)
     decision: str = ""            # what the draft policy chose for this generation, and why
+    # per proposer source ("moa", "ngram", "draft"): {"proposed": nodes, "accepted": nodes}; a node
+    # two sources of a hybrid both proposed counts for both
+    by_source: dict = field(default_factory=dict)
 
     @property
     def tau(self) -> float:
@@ -233,6 +247,17 @@ class SpecStats:
             for d in range(n):
                 lst[d] += 1
 
+    def record_sources(self, names: Sequence[str], proposal: "Proposal", path: Sequence[int]) -> None:
+        """Count one verified proposal per source (``proposal.sources`` bits; None: all ``names[0]``)."""
+        if not proposal.n:
+            return
+        bits = proposal.sources if proposal.sources is not None else np.ones(proposal.n, np.int64)
+        acc = bits[list(path)] if len(path) else bits[:0]
+        for s, name in enumerate(names):
+            d = self.by_source.setdefault(name, {"proposed": 0, "accepted": 0})
+            d["proposed"] += int(np.count_nonzero(bits & (1 << s)))
+            d["accepted"] += int(np.count_nonzero(acc & (1 << s)))
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(tau=self.tau, tokens_per_s=self.tokens_per_s, t_overhead=self.t_overhead,
@@ -245,12 +270,14 @@ class SpecStats:
 class Proposer(Protocol):
     """What the loop needs from a drafter.
 
+    ``name``: the source named in statistics ("moa", "ngram", "draft"; a hybrid has ``names``);
     ``needs_capture``: the loop must capture the target's K/V and pass it to :meth:`observe`
     (MoA drafters); ``acceptance_prior``: expected conditional acceptance per draft depth
     (or None: unknown), used by the cost-aware policy before anything is observed;
     ``row_cost``: seconds per drafted row if known a priori (None: measured as it drafts).
     """
 
+    name: str
     needs_capture: bool
     acceptance_prior: Optional[Sequence[float]]
     row_cost: Optional[float]

@@ -22,6 +22,7 @@ class OracleProposer:
     mistake is a uniformly random other id."""
 
     needs_capture = False
+    name = "oracle"
     acceptance_prior = None   # unknown to the cost-aware policy: it learns it online
     row_cost = 0.0            # drafting costs (almost) nothing: an upper bound for a real drafter
 

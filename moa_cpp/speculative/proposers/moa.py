@@ -10,9 +10,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..drafter import DrafterState
-from .types import DraftConfig, Proposal, SamplingParams
-from .verify import probs_from_logits
+from ...drafter import DrafterState
+from ..types import DraftConfig, Proposal, SamplingParams
+from ..verify import probs_from_logits
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -59,6 +59,7 @@ class TreeTrace:
 class MoAProposer:
     """Drafts with a :class:`DrafterState` (chain or dynamic tree)."""
 
+    name = "moa"
     needs_capture = True   # the loop must capture the target's K/V for observe()
     row_cost = None        # seconds per drafter row: measured by the loop as it drafts
 
@@ -80,7 +81,8 @@ class MoAProposer:
         """Commit verified tokens' K/V (LSA -> CA cache) at positions pos0.."""
         self.state.commit(lsa_in, pos0)
 
-    def _ids(self, draft_ids: np.ndarray) -> np.ndarray:
+    def target_ids(self, draft_ids: np.ndarray) -> np.ndarray:
+        """Drafter vocabulary ids -> target ids (the same with no reduced draft vocabulary)."""
         return draft_ids.astype(np.int32) if self._d2t is None else self._d2t[draft_ids]
 
     def propose(self, feed: Sequence[int], root: int, pos: int, sp: SamplingParams,
@@ -103,7 +105,7 @@ class MoAProposer:
         tokens, qs, rows = [], [], 1
         for i in range(cfg.chain):
             if sp.greedy or rng is None:
-                tok = int(self._ids(np.array([int(np.argmax(logits))]))[0])
+                tok = int(self.target_ids(np.array([int(np.argmax(logits))]))[0])
                 qs = None
             else:
                 q = probs_from_logits(logits, sp)
@@ -124,7 +126,7 @@ class MoAProposer:
         K = cfg.topk
         lp = log_softmax(root_logits)
         first = topk_desc(lp, K)
-        cand_tok = [self._ids(first)]
+        cand_tok = [self.target_ids(first)]
         cand_score = [lp[first].astype(np.float32)]
         cand_parent = [np.full(first.size, -1, np.int64)]       # candidate index of the parent
         frontier = np.arange(first.size)                          # candidate indices, by score desc
@@ -144,7 +146,7 @@ class MoAProposer:
             new_tok, new_score, new_parent = [], [], []
             for s, c in enumerate(frontier):
                 kids = topk_desc(lps[s], K)
-                new_tok.append(self._ids(kids))
+                new_tok.append(self.target_ids(kids))
                 new_score.append(all_score[c] + lps[s][kids])
                 new_parent.append(np.full(kids.size, c, np.int64))
             nt, ns, npar = np.concatenate(new_tok), np.concatenate(new_score).astype(np.float32), np.concatenate(new_parent)

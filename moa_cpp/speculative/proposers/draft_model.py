@@ -10,9 +10,9 @@ or a Q8_0 copy of a model drafting for its Q4 copy).
 
 Example::
 
-    from moa_cpp.draft_model import DraftModelProposer
-    from moa_cpp.spec.loop import SpeculativeLoop
-    from moa_cpp.spec.proposer import DraftConfig
+    from moa_cpp.speculative import DraftConfig, SpeculativeLoop
+    from moa_cpp.speculative.proposers import DraftModelProposer
+    from moa_cpp.target import Target
 
     target = Target.from_path("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
     prop = DraftModelProposer.from_path("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", target=target)
@@ -26,11 +26,10 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from .errors import InvalidArgumentError, MoaError
-from .spec.proposal import Proposal
-from .spec.proposer import DraftConfig
-from .spec.verify import SamplingParams, probs_from_logits
-from .target import Target
+from ...errors import InvalidArgumentError, MoaError
+from ...target import Target
+from ..types import DraftConfig, Proposal, SamplingParams
+from ..verify import probs_from_logits
 
 # Probe strings for the tokenizer check: prose, code, digits, whitespace, non-ASCII.
 _PROBES = ("The quick brown fox jumps over the lazy dog.",
@@ -71,6 +70,8 @@ class DraftModelProposer:
     speculative sampling keeps the target's output distribution.
     """
 
+    name = "draft"
+    chains_only = True
     needs_capture = False
     acceptance_prior = None    # unknown before drafting (the cost-aware policy learns it)
     row_cost = None            # seconds per drafted row: measured as it drafts

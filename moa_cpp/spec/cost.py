@@ -1,5 +1,0 @@
-"""Deprecated alias (one release): this module moved to :mod:`moa_cpp.speculative.policy`."""
-import importlib
-import sys
-
-sys.modules[__name__] = importlib.import_module("moa_cpp.speculative.policy")

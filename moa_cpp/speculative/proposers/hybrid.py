@@ -1,0 +1,111 @@
+"""Several proposers as one (``--spec-type moa,ngram``): their drafts merged into one
+verification tree, shared prefixes once, so a cycle accepts whichever source guessed right.
+
+Every source drafts the cycle's shape; the merge keeps the sources in priority order, each
+proposal in its own order (parents first), so a cut at the end drops the least likely drafts:
+the loop cuts what exceeds the exact batch size, and a node budget (``DraftConfig.budget``, set
+by the cost-aware policy to the k drafts it priced) cuts the merge. Priority: a free source with
+a confident match this cycle (an n-gram key of ``confident_n`` tokens or more) first, else the
+order given (``moa,ngram``: the drafter first).
+
+Each node records which sources proposed it (:attr:`Proposal.sources`, a bit per source in
+:attr:`names` order) so the loop's statistics count proposed / accepted per source.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..types import DraftConfig, Proposal, SamplingParams
+
+
+def merge(proposals: Sequence[Proposal], order: Sequence[int], max_nodes: int) -> Proposal:
+    """One tree from several proposals (each parents-before-children): proposals in ``order``,
+    each in its own node order, at most ``max_nodes`` nodes. A node whose path from the root
+    spells the same tokens as an existing node is that node (its source bit is added). Sampling
+    drafts (``q`` set) are not merged: a draft drawn from q must be verified against q alone, so
+    the first such proposal is returned as it is."""
+    for s in order:
+        if proposals[s].q is not None and proposals[s].n:
+            out = proposals[s].prefix(max_nodes)
+            out.sources = np.full(out.n, 1 << s, np.int64)
+            return out
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    sources: list[int] = []
+    child: dict = {}                                      # (merged parent, token) -> merged node
+    for s in order:
+        p = proposals[s]
+        node_of: dict = {}                                # its node -> merged node
+        for i in range(p.n):
+            par = int(p.parents[i])
+            if par >= 0 and par not in node_of:
+                continue                                  # its parent did not fit
+            mp = -1 if par < 0 else node_of[par]
+            tok = int(p.tokens[i])
+            m = child.get((mp, tok))
+            if m is None:
+                if len(tokens) >= max_nodes:
+                    continue
+                m = len(tokens)
+                child[(mp, tok)] = m
+                tokens.append(tok)
+                parents.append(mp)
+                depths.append(1 if mp < 0 else depths[mp] + 1)
+                sources.append(0)
+            sources[m] |= 1 << s
+            node_of[i] = m
+    return Proposal(np.array(tokens, np.int32), np.array(parents, np.int32), np.array(depths, np.int32),
+                    draft_rows=sum(p.draft_rows for p in proposals), sources=np.array(sources, np.int64))
+
+
+class HybridProposer:
+    """Proposers merged into one tree a cycle (see module doc); a Proposer of the loop."""
+
+    def __init__(self, proposers: Sequence, names: Sequence[str], config: DraftConfig = DraftConfig("chain", chain=4), *,
+                 confident_n: int = 2) -> None:
+        if len(proposers) < 2 or len(proposers) != len(names):
+            raise ValueError("a hybrid needs two or more proposers, one name each")
+        self.proposers = list(proposers)
+        self.names = list(names)
+        self.config = config
+        self.confident_n = confident_n
+        self.needs_capture = any(getattr(p, "needs_capture", False) for p in self.proposers)
+        # the first source's prior (the MoA drafter's recorded acceptance) stands for the merge
+        self.acceptance_prior = getattr(self.proposers[0], "acceptance_prior", None)
+        self.row_cost = None            # measured: the drafter rows of the model sources
+
+    @property
+    def name(self) -> str:
+        return ",".join(self.names)
+
+    def reset(self) -> None:
+        for p in self.proposers:
+            p.reset()
+
+    def observe(self, lsa_in: np.ndarray, pos0: int) -> None:
+        for p in self.proposers:
+            if getattr(p, "needs_capture", False):
+                p.observe(lsa_in, pos0)
+
+    def propose(self, feed: Sequence[int], root: int, pos: int, sp: SamplingParams,
+                rng: Optional[np.random.Generator] = None, config: Optional[DraftConfig] = None) -> Proposal:
+        cfg = config or self.config
+        # a chain-only source (a draft model) drafts a chain as deep as the tree
+        chain = DraftConfig("chain", chain=cfg.depth) if cfg.mode == "tree" else cfg
+        props = [p.propose(feed, root, pos, sp, rng, chain if getattr(p, "chains_only", False) else cfg)
+                 for p in self.proposers]
+        if cfg.mode == "none":
+            return Proposal.empty()
+        order = list(range(len(props)))
+        for s, p in enumerate(self.proposers):
+            if p.row_cost == 0.0 and getattr(p, "last_key", 0) >= self.confident_n and props[s].n:
+                order.remove(s)
+                order.insert(0, s)
+                break
+        return merge(props, order, cfg.budget or sum(p.n for p in props))
+
+    def __repr__(self) -> str:
+        return f"HybridProposer({self.name}, {self.config})"

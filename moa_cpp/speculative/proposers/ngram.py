@@ -1,0 +1,175 @@
+"""N-gram drafts (prompt lookup): the tokens that followed an earlier occurrence of the text's
+latest n tokens are proposed as its continuation (Saxena's prompt lookup decoding, llama.cpp's
+``ngram-simple``, vLLM's ``ngram``). Free to draft (a dictionary lookup, no model row), so it
+pays where output repeats its input: code edits, extraction, summaries, rewrites.
+
+The lookup runs over everything verified so far (prompt + generated) plus the root. Longer keys
+are tried first (``n_max`` down to ``n_min``), and the most recent occurrence first: recent text
+predicts better than old. A chain proposes the first continuation found; a tree merges several
+distinct continuations (``topk`` of them, from the longest keys and most recent occurrences) into
+one trie, shared prefixes once. A continuation that runs into the end of the text goes on with
+its own tokens (``abcabc`` -> ``abc...``), so repetition loops are drafted in full.
+
+Drafts are deterministic (no draft distribution): under sampling each is a point mass, which the
+verifier's sibling rejection keeps exact (:func:`moa_cpp.speculative.verify.verify_sampling`).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ...errors import InvalidArgumentError, MoaError
+from ..types import DraftConfig, Proposal, SamplingParams
+
+DEFAULT_N_MIN = 1
+DEFAULT_N_MAX = 3
+
+
+class NgramIndex:
+    """Every n-gram (n = 1..n_max) of a growing token sequence -> the positions that followed it,
+    oldest first. Appending a token costs n_max dictionary updates; a lookup is one read."""
+
+    def __init__(self, n_max: int) -> None:
+        self.n_max = n_max
+        self.seq: list[int] = []
+        self._next: dict = {}          # tuple of n tokens -> [positions p: seq[p-n:p] == key]
+
+    def append(self, tok: int) -> None:
+        j = len(self.seq)
+        self.seq.append(int(tok))
+        # position j now exists: it continues every n-gram that ends just before it
+        for n in range(1, min(self.n_max, j) + 1):
+            self._next.setdefault(tuple(self.seq[j - n:j]), []).append(j)
+
+    def extend(self, toks: Sequence[int]) -> None:
+        for t in toks:
+            self.append(t)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens (rare: a rewind; rebuilds the index)."""
+        if n >= len(self.seq):
+            return
+        keep = self.seq[:n]
+        self.seq, self._next = [], {}
+        self.extend(keep)
+
+    def continuations(self, n_min: int, n_max: int, length: int, limit: int) -> list[tuple[int, list]]:
+        """Up to ``limit`` distinct continuations of the sequence's end, ``length`` tokens each,
+        from the longest matching key and the most recent occurrence first, as (key length,
+        tokens)."""
+        seq, out, seen = self.seq, [], set()
+        for n in range(min(n_max, len(seq) - 1), n_min - 1, -1):
+            starts = self._next.get(tuple(seq[len(seq) - n:]))
+            if not starts:
+                continue
+            for p in reversed(starts):
+                cont = self._continue(p, length)
+                key = tuple(cont)
+                if key not in seen:
+                    seen.add(key)
+                    out.append((n, cont))
+                    if len(out) >= limit:
+                        return out
+        return out
+
+    def _continue(self, p: int, length: int) -> list[int]:
+        """seq[p:p+length], going on with its own tokens past the end (periodic text)."""
+        seq, end = self.seq, len(self.seq)
+        cont: list[int] = []
+        for i in range(length):
+            q = p + i
+            cont.append(seq[q] if q < end else cont[q - end])
+        return cont
+
+
+def trie(continuations: Sequence[Sequence[int]], max_nodes: int) -> tuple[list, list, list]:
+    """Merge continuations into one tree, in order (shared prefixes once): (tokens, parents,
+    depths) with parents before children, at most ``max_nodes`` nodes."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    child: dict = {}                    # (parent node, token) -> node
+    for cont in continuations:
+        node = -1
+        for d, tok in enumerate(cont):
+            nxt = child.get((node, tok))
+            if nxt is None:
+                if len(tokens) >= max_nodes:
+                    break
+                nxt = len(tokens)
+                child[(node, tok)] = nxt
+                tokens.append(int(tok))
+                parents.append(node)
+                depths.append(d + 1)
+            node = nxt
+    return tokens, parents, depths
+
+
+class NgramProposer:
+    """Prompt-lookup drafts over the verified text (see module doc); a Proposer of the loop.
+
+    ``DraftConfig`` chain/auto: one continuation of up to ``chain`` tokens; tree: up to ``topk``
+    distinct continuations of ``depth`` tokens merged into at most ``total`` nodes. Nothing
+    matches: an empty proposal (the loop then decodes plainly)."""
+
+    name = "ngram"
+    needs_capture = False     # reads no target state
+    acceptance_prior = None   # learned online by the cost-aware policy
+    row_cost = 0.0            # a lookup, not a model row: the policy counts drafts as free
+
+    def __init__(self, config: DraftConfig = DraftConfig("chain", chain=4), *, n_min: int = DEFAULT_N_MIN,
+                 n_max: int = DEFAULT_N_MAX) -> None:
+        if not 1 <= n_min <= n_max:
+            raise InvalidArgumentError(f"n-gram sizes: need 1 <= n_min <= n_max, got n_min {n_min}, n_max {n_max}")
+        self.config = config
+        self.n_min, self.n_max = int(n_min), int(n_max)
+        self.index = NgramIndex(self.n_max)
+        self._verified = 0              # tokens of index.seq that are verified (the rest: the root)
+        self.last_key = 0               # key length behind the last proposal's first draft (0: none)
+
+    def reset(self) -> None:
+        """Forget everything (a new generation)."""
+        self.index = NgramIndex(self.n_max)
+        self._verified = self.last_key = 0
+
+    def observe(self, lsa_in: np.ndarray, pos0: int) -> None:  # reads no target state
+        pass
+
+    def sync(self, feed: Sequence[int], root: int, pos: int) -> None:
+        """Bring the text to verified + [root]: ``feed`` = tokens verified since the last call
+        (the previous root first), ``pos`` = the root's position."""
+        if self._verified + len(feed) != pos:
+            raise MoaError(f"NgramProposer out of step: {self._verified + len(feed)} verified tokens known, the root "
+                           f"is at position {pos} (call reset() before a new generation)")
+        seq = self.index.seq
+        keep = self._verified
+        # the previous root is normally feed[0]: keep it (and its index entries) when it is
+        if len(seq) > keep and feed and seq[keep] == int(feed[0]):
+            keep += 1
+            feed = feed[1:]
+        self.index.truncate(keep)
+        self.index.extend(feed)
+        self.index.append(root)
+        self._verified = pos
+
+    def propose(self, feed: Sequence[int], root: int, pos: int, sp: SamplingParams,
+                rng: Optional[np.random.Generator] = None, config: Optional[DraftConfig] = None) -> Proposal:
+        cfg = config or self.config
+        self.sync(feed, root, pos)
+        self.last_key = 0
+        if cfg.mode == "none":
+            return Proposal.empty()
+        tree = cfg.mode == "tree"
+        found = self.index.continuations(self.n_min, self.n_max, cfg.depth if tree else cfg.chain,
+                                         cfg.topk if tree else 1)
+        if not found:
+            return Proposal.empty()
+        self.last_key = found[0][0]
+        if not tree:
+            return Proposal.chain(found[0][1])
+        tokens, parents, depths = trie([c for _, c in found], cfg.total)
+        return Proposal(np.array(tokens, np.int32), np.array(parents, np.int32), np.array(depths, np.int32))
+
+    def __repr__(self) -> str:
+        return f"NgramProposer(n {self.n_min}..{self.n_max}, {self.config})"
