@@ -5,8 +5,8 @@ import argparse
 import json
 import sys
 
-from .argtypes import non_negative as _non_negative
 from .argtypes import positive as _positive
+from .defaults import add_spec_arguments
 from .errors import InvalidArgumentError
 
 
@@ -25,14 +25,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                         "here drafts as a draft model (same as --draft-model)")
     p.add_argument("--draft-model", metavar="GGUF",
                    help="classic draft-model speculation: a small LLM with the target's tokenizer drafts")
-    p.add_argument("--spec-type", metavar="TYPE[,TYPE]",
-                   help="who drafts (llama.cpp's flag): moa (an MoA drafter), draft (a draft model), ngram (prompt "
-                        "lookup: free, any GGUF), or a comma list merged into one tree, e.g. moa,ngram (default: moa "
-                        "with a drafter, draft with a draft model, ngram with -m alone)")
-    p.add_argument("--spec-ngram-size-n", dest="ngram_n_max", type=_positive, default=3, metavar="N",
-                   help="n-gram drafts: the longest key looked up (tokens; default 3)")
-    p.add_argument("--spec-ngram-size-n-min", dest="ngram_n_min", type=_positive, default=1, metavar="N",
-                   help="n-gram drafts: the shortest key looked up (tokens; default 1)")
+    add_spec_arguments(p)
     p.add_argument("-p", "--prompt", help="prompt text (required)")
     p.add_argument("--chat", action="store_true", help="apply the target GGUF's chat template")
     g = p.add_mutually_exclusive_group()
@@ -40,8 +33,6 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help="draft a chain of N tokens per cycle (default: cost-aware, 0..8 chosen every cycle)")
     g.add_argument("--tree", type=_tree, metavar="DEPTH,TOPK,TOTAL", help="EAGLE-2 dynamic tree (paper: 6,8,62)")
     g.add_argument("--no-draft", action="store_true", help="plain decoding through the same loop (baseline)")
-    p.add_argument("--draft-min", "--spec-draft-n-min", dest="draft_min", type=_non_negative, default=0, metavar="N",
-                   help="verify a proposal only if it holds at least N drafts (llama.cpp's meaning; default 0)")
     p.add_argument("--temp", type=float, default=0.0, help="temperature (0 = greedy, lossless; default 0)")
     p.add_argument("--top-k", type=int, default=0, help="top-k (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="top-p (1 = off)")
@@ -93,14 +84,12 @@ def _by_source(by_source: dict) -> str:
 def run_generate(args: argparse.Namespace) -> int:
     from .generator import SpeculativeGenerator
     from .rpc import parse_endpoints
-    from .speculative.proposers import NgramSettings
+    from .defaults import ngram_settings
     from .target import set_llama_log
 
     if args.temp < 0 or not (0 < args.top_p <= 1) or args.top_k < 0:
         raise InvalidArgumentError("--temp must be >= 0, --top-p in (0, 1], --top-k >= 0")
-    if args.ngram_n_min > args.ngram_n_max:
-        raise InvalidArgumentError(f"--spec-ngram-size-n-min ({args.ngram_n_min}) must be <= --spec-ngram-size-n "
-                                   f"({args.ngram_n_max})")
+    ngram = ngram_settings(args.ngram_n_min, args.ngram_n_max)
     set_llama_log(bool(args.llama_verbose or getattr(args, "verbose", False)))
     if args.list_devices:
         from .devices import describe
@@ -114,7 +103,7 @@ def run_generate(args: argparse.Namespace) -> int:
     gen = SpeculativeGenerator.from_paths(target, drafter, n_ctx=args.n_ctx, n_threads=args.threads,
                                           n_gpu_layers=ngl, device=args.device, draft=draft,
                                           draft_model=draft_model, rpc=rpc, spec_type=kinds,
-                                          ngram=NgramSettings(args.ngram_n_min, args.ngram_n_max),
+                                          ngram=ngram,
                                           draft_min=args.draft_min)
     kw = dict(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
               seed=args.seed, stop=args.stop, chat=args.chat, ignore_eos=args.ignore_eos)

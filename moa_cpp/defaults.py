@@ -42,6 +42,30 @@ def resolve_models(target, drafter, draft_model, no_draft: bool) -> tuple:
     return (target, None, None) if no_draft else (target, drafter, draft_model)
 
 
+def add_spec_arguments(p) -> None:
+    """Who drafts and the n-gram sizes: the same flags on ``generate`` and ``serve``."""
+    from .argtypes import non_negative, positive
+    p.add_argument("--spec-type", metavar="TYPE[,TYPE]",
+                   help="who drafts (llama.cpp's flag): moa (an MoA drafter), draft (a draft model), ngram (prompt "
+                        "lookup: free, any GGUF), or a comma list merged into one tree, e.g. moa,ngram (default: moa "
+                        "with a drafter, draft with a draft model, ngram with -m alone)")
+    p.add_argument("--spec-ngram-size-n", dest="ngram_n_max", type=positive, default=3, metavar="N",
+                   help="n-gram drafts: the longest key looked up (tokens; default 3)")
+    p.add_argument("--spec-ngram-size-n-min", dest="ngram_n_min", type=positive, default=1, metavar="N",
+                   help="n-gram drafts: the shortest key looked up (tokens; default 1)")
+    p.add_argument("--draft-min", "--spec-draft-n-min", dest="draft_min", type=non_negative, default=0, metavar="N",
+                   help="verify a proposal only if it holds at least N drafts (llama.cpp's meaning; default 0)")
+
+
+def ngram_settings(n_min: int, n_max: int):
+    """The n-gram key sizes of ``--spec-ngram-size-n-min`` / ``--spec-ngram-size-n``, checked."""
+    from .errors import InvalidArgumentError
+    from .speculative.proposers import NgramSettings
+    if n_min > n_max:
+        raise InvalidArgumentError(f"--spec-ngram-size-n-min ({n_min}) must be <= --spec-ngram-size-n ({n_max})")
+    return NgramSettings(n_min, n_max)
+
+
 def resolve_spec_type(requested, drafter, draft_model, no_draft: bool) -> tuple:
     """Who drafts, as :func:`~moa_cpp.speculative.proposers.parse_spec_type` kinds: ``requested``
     (``--spec-type``) if given, else ``moa`` with an MoA drafter, ``draft`` with a draft model,

@@ -30,15 +30,12 @@ class Session:
 def resolve_models(s: ServerSettings) -> tuple:
     """(target path, MoA drafter path or None, draft-model path or None, speculative types, draft
     spec); a model no proposer drafts with is None (not loaded)."""
-    from ..defaults import resolve_models as resolve, resolve_spec_type
-    from ..errors import InvalidArgumentError
+    from ..defaults import ngram_settings, resolve_models as resolve, resolve_spec_type
     draft = parse_draft(s.draft)
     off = draft.mode == "none"
     target, drafter, draft_model = resolve(s.model, s.drafter, None, off)
     kinds = resolve_spec_type(s.spec_type, drafter, draft_model, off)
-    if s.ngram_n_min > s.ngram_n_max:
-        raise InvalidArgumentError(f"--spec-ngram-size-n-min ({s.ngram_n_min}) must be <= --spec-ngram-size-n "
-                                   f"({s.ngram_n_max})")
+    ngram_settings(s.ngram_n_min, s.ngram_n_max)          # checked before anything loads
     if not kinds:
         return target, None, None, (), "none"
     return (target, drafter if "moa" in kinds else None, draft_model if "draft" in kinds else None, kinds,
@@ -49,11 +46,12 @@ def build_sessions(s: ServerSettings) -> list:
     """Load the target once, then ``s.parallel`` contexts + proposers on it (the drafter's weights
     are shared; each session has its own drafter state or draft-model context)."""
     from ..drafter import DrafterModel
-    from ..speculative.proposers import NgramSettings
+    from ..defaults import ngram_settings
     from ..target import Target
 
     target_path, drafter_path, draft_model, kinds, draft = resolve_models(s)
     threads = s.session_threads()
+    ngram = ngram_settings(s.ngram_n_min, s.ngram_n_max)
     base = Target.from_path(target_path, n_ctx=s.n_ctx, n_threads=threads, n_gpu_layers=s.n_gpu_layers,
                             rpc=s.rpc or None)
     sessions: list = []
@@ -66,10 +64,10 @@ def build_sessions(s: ServerSettings) -> list:
             if draft_model is not None:
                 proposer = make_proposer(kinds, tgt, parse_draft(draft), drafter=drafter, draft_model=draft_model,
                                          n_ctx=s.n_ctx, n_threads=threads, n_gpu_layers=s.n_gpu_layers,
-                                         ngram=NgramSettings(s.ngram_n_min, s.ngram_n_max))
+                                         ngram=ngram)
             sessions.append(Session(i, SpeculativeGenerator(tgt, drafter, draft=draft, proposer=proposer,
                                                             spec_type=kinds, draft_min=s.draft_min,
-                                                            ngram=NgramSettings(s.ngram_n_min, s.ngram_n_max))))
+                                                            ngram=ngram)))
     except BaseException:
         for ss in sessions:
             ss.gen.close()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..argtypes import non_negative as _non_negative, port as _port, positive as _positive
+from ..defaults import add_spec_arguments
 
 
 @dataclass
@@ -77,16 +78,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "such as CUDA0 (moa-cpp generate --list-devices)")
     p.add_argument("--draft", default="auto:8",
                    help="auto[:KMAX] (cost-aware, default auto:8), chain:N, tree:DEPTH,TOPK,TOTAL or none")
-    p.add_argument("--spec-type", metavar="TYPE[,TYPE]",
-                   help="who drafts (llama.cpp's flag): moa, draft, ngram (prompt lookup: free, any GGUF) or a "
-                        "comma list merged into one tree, e.g. moa,ngram (default: moa with a drafter, draft with a "
-                        "draft model, ngram with -m alone)")
-    p.add_argument("--spec-ngram-size-n", dest="ngram_n_max", type=_positive, default=3, metavar="N",
-                   help="n-gram drafts: the longest key looked up (tokens; default 3)")
-    p.add_argument("--spec-ngram-size-n-min", dest="ngram_n_min", type=_positive, default=1, metavar="N",
-                   help="n-gram drafts: the shortest key looked up (tokens; default 1)")
-    p.add_argument("--draft-min", "--spec-draft-n-min", dest="draft_min", type=_non_negative, default=0, metavar="N",
-                   help="verify a proposal only if it holds at least N drafts (default 0)")
+    add_spec_arguments(p)
     p.add_argument("--rpc", metavar="HOST:PORT,...",
                    help="llama.cpp rpc-servers that hold the offloaded target layers (moa-cpp rpc-server); "
                         "rpc-server has no authentication: private networks only")
