@@ -36,8 +36,8 @@ import numpy as np
 from .errors import InvalidArgumentError
 from .target import Target
 
-# Three different realistic windows: prose, code, chat-style text. Each is tokenized (with BOS)
-# and cut into a context prefix (the PREFIXES entry) and the rows under test.
+# Three different realistic windows: prose, code, chat-style text (see FIRST_PREFIX for how they
+# are laid out in one token stream).
 TEXTS = (
     "Speculative decoding speeds up inference of large language models without changing their "
     "output. A small draft model proposes several tokens ahead, and the large target model checks "
@@ -72,7 +72,12 @@ TEXTS = (
     "tuple for a fixed group of values that belong together, such as a point (x, y), a date "
     "(year, month, day) or a row returned from a database query.\n",
 )
-PREFIXES = (32, 72, 120)
+# The windows follow each other in ONE token stream (prose, then code, then chat): window 0 has
+# FIRST_PREFIX tokens of context; each later one adds the rows tested before it plus NEW_CONTEXT
+# tokens of the next text, so the KV cache is filled incrementally (prefill is most of the
+# measurement's cost on a compute-bound CPU: 32 + 2 x (rows + 8) tokens instead of 32 + 72 + 120).
+FIRST_PREFIX = 32
+NEW_CONTEXT = 8
 # The search: every size up to 8, then 16, 32, 63 (bisecting after a failure among those).
 SMALL_STEPS = 8
 JUMPS = (16, 32, 63)
@@ -80,29 +85,50 @@ _CACHE_NAME = "exact_rows.json"
 
 
 def _windows(target: Target, max_rows: int, n_texts: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    out = []
-    for text, prefix in list(zip(TEXTS, PREFIXES))[:n_texts]:
-        ids = target.tokenize(text, add_bos=True)
+    """(context, rows) of each window; window w's context is window w-1's context + rows + the
+    first NEW_CONTEXT tokens of text w (BOS once, at the start)."""
+    out, ctx = [], np.zeros(0, np.int32)
+    for w, text in enumerate(TEXTS[:n_texts]):
+        ids = target.tokenize(text, add_bos=(w == 0))
         more = target.tokenize(text, add_bos=False)
-        while len(ids) < prefix + max_rows:      # short tokenization: continue with the text again
+        lead = FIRST_PREFIX if w == 0 else NEW_CONTEXT
+        while len(ids) < lead + max_rows:        # short tokenization: continue with the text again
             ids = np.concatenate([ids, more])
-        out.append((ids[:prefix].astype(np.int32), ids[prefix: prefix + max_rows].astype(np.int32)))
+        ctx = np.concatenate([ctx, ids[:lead]]).astype(np.int32)
+        rows = ids[lead: lead + max_rows].astype(np.int32)
+        out.append((ctx, rows))
+        ctx = np.concatenate([ctx, rows])
     return out
 
 
 class _Window:
     """One token window: the context prefix in the KV cache, single-token reference logits of
-    the rows (computed lazily, one decode per row), batch checks against them."""
+    the rows (computed lazily, one decode per row), batch checks against them. ``keep``: how
+    many leading context positions the KV cache already holds (the previous window's context)."""
 
-    def __init__(self, target: Target, ctx: np.ndarray, rows: np.ndarray) -> None:
+    def __init__(self, target: Target, ctx: np.ndarray, rows: np.ndarray, keep: int = 0,
+                 timings: Optional[dict] = None) -> None:
         self.t = target
         self.ctx, self.rows = ctx, rows
         self.p = len(ctx)
         self.refs: list[np.ndarray] = []
-        target.clear()
-        for off in range(0, len(ctx), target.n_batch):   # the context only fills the KV cache
+        self.timings = timings
+        if keep:
+            target.rollback(keep)
+        else:
+            target.clear()
+        for off in range(keep, len(ctx), target.n_batch):   # the context only fills the KV cache
             chunk = ctx[off: off + target.n_batch]
             target.decode(chunk, np.arange(off, off + len(chunk), dtype=np.int32), capture=False, logits="last")
+
+    def _decode(self, b: int, start: int = 0) -> np.ndarray:
+        """Rows start..start+b-1 in one decode (timed: the calibration's T(b))."""
+        t0 = time.perf_counter()
+        lg = self.t.decode(self.rows[start: start + b], np.arange(self.p + start, self.p + start + b, dtype=np.int32),
+                           capture=False)
+        if self.timings is not None:
+            self.timings.setdefault(b, []).append(time.perf_counter() - t0)
+        return lg
 
     def _refs_upto(self, n: int) -> None:
         if len(self.refs) >= n:
@@ -111,7 +137,7 @@ class _Window:
         t.rollback(p)
         refs = []
         for i in range(n):   # one token at a time, as plain decoding does
-            refs.append(t.decode(self.rows[i: i + 1], [p + i], capture=False)[0])
+            refs.append(self._decode(1, i)[0])
         t.rollback(p)
         self.refs = refs
 
@@ -121,7 +147,7 @@ class _Window:
         self._refs_upto(max(b, prefetch))
         t, p = self.t, self.p
         t.rollback(p)
-        lg = t.decode(self.rows[:b], np.arange(p, p + b, dtype=np.int32), capture=False)
+        lg = self._decode(b)
         t.rollback(p)
         out = np.zeros(b)
         for i in range(b):
@@ -135,7 +161,10 @@ class _Window:
 def _clamp_rows(target: Target, max_rows: int) -> int:
     if max_rows < 1:
         raise InvalidArgumentError(f"max_rows must be >= 1, got {max_rows}")
-    return min(max_rows, target.n_batch, target.n_ctx - max(PREFIXES) - 1)
+    # the last window's context is FIRST_PREFIX + (n - 1) x (rows + NEW_CONTEXT) tokens
+    n = len(TEXTS)
+    fit = (target.n_ctx - 1 - FIRST_PREFIX - (n - 1) * NEW_CONTEXT) // n
+    return min(max_rows, target.n_batch, fit)
 
 
 def _plan(cap: int) -> list[int]:
@@ -145,51 +174,68 @@ def _plan(cap: int) -> list[int]:
     return small + jumps
 
 
+def _search(win: _Window, plan: list[int], best: int, exhaustive: bool) -> tuple[int, Optional[int], float, list]:
+    """Test ``plan``'s sizes in order up to the first failure, then bisect between the last
+    exact and the first inexact size: (largest exact, first inexact or None, its max diff, sizes)."""
+    good, bad, bad_diff, sizes = 0, None, 0.0, []
+    for b in plan:
+        # references for several sizes at once: all sizes (exhaustive) or the small steps
+        d = win.diffs(b, prefetch=best if exhaustive else min(SMALL_STEPS, best) if b <= SMALL_STEPS else 0)
+        sizes.append(b)
+        if d.max() > 0:
+            bad, bad_diff = b, float(d.max())
+            break
+        good = b
+    while bad is not None and bad - good > 1:   # a failure after a jump: bisect
+        mid = (good + bad) // 2
+        d = win.diffs(mid)
+        sizes.append(mid)
+        if d.max() > 0:
+            bad, bad_diff = mid, float(d.max())
+        else:
+            good = mid
+    return good, bad, bad_diff, sizes
+
+
 def measure_exact_rows(target: Target, max_rows: int = 63, *, n_texts: int = 3, exhaustive: bool = False,
-                       details: Optional[dict] = None) -> int:
+                       details: Optional[dict] = None, timings: Optional[dict] = None) -> int:
     """The largest R <= ``max_rows`` such that, for every b in 1..R, each row of a b-row decode
     (after a context prefix) has logits bit-identical (``np.array_equal``) to the same token
     decoded alone, on ``n_texts`` token windows of realistic text. 0 if even one-row decodes
     are not reproducible.
 
-    Search (cheap: once per model on a machine): b = 1..8 one by one, then 16, 32, 63, bisecting
-    between the last exact and the first inexact size; it stops at the first failure, so a model
-    exact to 3 rows costs each window ~8 one-token decodes and 4 small batches. Sizes between
-    the checkpoints are assumed to behave like their neighbours (llama.cpp's kernels switch at
-    row-count thresholds); ``exhaustive=True`` tests every size instead. Windows are checked one
-    after another, each bounded by the previous result.
+    Search (cheap: once per model on a machine): on the first window b = 1..8 one by one, then
+    16, 32, 63, bisecting between the last exact and the first inexact size; it stops at the first
+    failure, so a model exact to 3 rows costs ~8 one-token decodes and 4 small batches. Sizes
+    between the checkpoints are assumed to behave like their neighbours (llama.cpp's kernels
+    switch at row-count thresholds). Each later window (other tokens, a longer context) confirms
+    the largest size found so far with one batch, and searches like the first where that fails.
+    ``exhaustive=True`` tests every size on every window instead.
 
     ``details``, if given, receives ``first_failure`` (the smallest inexact b found, or None),
     ``max_abs_diff`` (its largest row difference), ``window`` (which window failed), ``tested``
-    (sizes decoded per window) and ``seconds``. Leaves the target's KV cache empty.
+    (sizes decoded per window) and ``seconds``. ``timings``, if given, receives the seconds of
+    every decode by its row count (``{b: [s, ...]}``: the calibration's T(b) samples). Leaves the
+    target's KV cache empty.
     """
     cap = _clamp_rows(target, max_rows)
     t0 = time.perf_counter()
     best = cap
     first_fail, fail_diff, fail_win, tested = None, 0.0, None, []
     try:
+        keep = 0
         for w, (ctx, rows) in enumerate(_windows(target, cap, n_texts)):
             if best == 0:
                 break
-            win = _Window(target, ctx, rows)
-            plan = list(range(1, best + 1)) if exhaustive else _plan(best)
-            good, bad, bad_diff, sizes = 0, None, 0.0, []
-            for b in plan:
-                # references for several sizes at once: all sizes (exhaustive) or the small steps
-                d = win.diffs(b, prefetch=best if exhaustive else min(SMALL_STEPS, best) if b <= SMALL_STEPS else 0)
-                sizes.append(b)
-                if d.max() > 0:
-                    bad, bad_diff = b, float(d.max())
-                    break
-                good = b
-            while bad is not None and bad - good > 1:   # a failure after a jump: bisect
-                mid = (good + bad) // 2
-                d = win.diffs(mid)
-                sizes.append(mid)
-                if d.max() > 0:
-                    bad, bad_diff = mid, float(d.max())
-                else:
-                    good = mid
+            win = _Window(target, ctx, rows, keep, timings)
+            keep = len(ctx)
+            if exhaustive:
+                good, bad, bad_diff, sizes = _search(win, list(range(1, best + 1)), best, True)
+            else:
+                good, bad, bad_diff, sizes = _search(win, [best] if w else _plan(best), best, False)
+                if w and bad is not None:           # the confirmation failed: search this window
+                    good, bad, bad_diff, more = _search(win, _plan(best), best, False)
+                    sizes += more
             tested.append(sizes)
             if bad is not None and (first_fail is None or bad <= first_fail):
                 first_fail, fail_diff, fail_win = bad, bad_diff, w
@@ -202,16 +248,18 @@ def measure_exact_rows(target: Target, max_rows: int = 63, *, n_texts: int = 3, 
     return best
 
 
-def batch_row_diffs(target: Target, b: int, *, window: int = 0) -> np.ndarray:
+def batch_row_diffs(target: Target, b: int, *, window: int = 0, max_rows: Optional[int] = None) -> np.ndarray:
     """Per-row max |logits in a ``b``-row batch - logits of the same token decoded alone| on
-    token window ``window`` (0..2) of :data:`TEXTS`; zeros = bit-identical. Leaves the KV cache
-    empty."""
+    token window ``window`` (0..2) of :data:`TEXTS`, laid out as a measurement up to ``max_rows``
+    (default ``b``; a later window's context holds the earlier windows' rows) lays it out; zeros =
+    bit-identical. Leaves the KV cache empty."""
     if not 0 <= window < len(TEXTS):
         raise InvalidArgumentError(f"window must be in [0, {len(TEXTS)})")
-    if not 1 <= b <= _clamp_rows(target, b):
+    m = _clamp_rows(target, max(b, max_rows or b))
+    if not 1 <= b <= m:
         raise InvalidArgumentError(f"b = {b} rows do not fit this target's batch/context")
     try:
-        ctx, rows = _windows(target, b, window + 1)[window]
+        ctx, rows = _windows(target, m, window + 1)[window]
         return _Window(target, ctx, rows).diffs(b)
     finally:
         target.clear()
@@ -273,15 +321,16 @@ def cached_exact_rows(target: Target, max_rows: int = 63) -> Optional[int]:
     return None
 
 
-def exact_rows(target: Target, max_rows: int = 63, *, use_cache: bool = True) -> int:
+def exact_rows(target: Target, max_rows: int = 63, *, use_cache: bool = True, timings: Optional[dict] = None) -> int:
     """:func:`measure_exact_rows` of ``target``, measured once and cached on disk
-    (``exact_rows.json`` in :func:`moa_cpp.models.cache_dir`)."""
+    (``exact_rows.json`` in :func:`moa_cpp.models.cache_dir`). ``timings``: see
+    :func:`measure_exact_rows` (left empty on a cache hit)."""
     if use_cache:
         hit = cached_exact_rows(target, max_rows)
         if hit is not None:
             return hit
     info: dict = {}
-    r = measure_exact_rows(target, max_rows, details=info)
+    r = measure_exact_rows(target, max_rows, details=info, timings=timings)
     if use_cache:
         data = _load()
         data[cache_key(target)] = {"exact_rows": r, "max_rows": info["max_rows"],

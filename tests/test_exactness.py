@@ -77,7 +77,7 @@ def _check_measurement(target, r, info, max_rows):
     assert all(ok_r), f"a {n}-row batch is not bit-identical to single-token decodes ({info})"
     if r < max_rows:
         assert info["first_failure"] == r + 1, info
-        assert batch_row_diffs(target, r + 1, window=info["window"]).max() > 0, info
+        assert batch_row_diffs(target, r + 1, window=info["window"], max_rows=info["max_rows"]).max() > 0, info
     else:
         assert info["first_failure"] is None, info
 

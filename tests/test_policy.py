@@ -52,6 +52,30 @@ def test_acceptance_estimate_learns_and_forgets():
     assert a.mean(1) < 0.4           # ~50 cycles of memory: it has mostly moved
 
 
+def test_verify_cost_from_timings_is_monotone_and_fills_gaps():
+    # one noisy sample (k = 3 slower than k = 4) is pooled, not trusted; a gap is interpolated
+    t = {1: [1.0, 1.2, 1.1], 2: [2.0], 3: [3.4], 4: [3.0], 6: [5.0], 9: [0.5]}
+    cost = pol.verify_cost_from_timings(t, upto=8)
+    assert list(cost) == [1, 2, 3, 4, 5, 6]                 # 9 is beyond upto; nothing past 6
+    assert cost[1] == pytest.approx(1.1) and cost[2] == 2.0
+    assert cost[3] == cost[4] == pytest.approx(3.2)          # pooled
+    assert cost[5] == pytest.approx(4.1)                     # between 3.2 and 5.0
+    assert all(cost[k] <= cost[k + 1] for k in range(1, 6))
+    assert pol.verify_cost_from_timings({2: [1.0]}, 8) == {}  # no one-row decode: no baseline
+
+
+def test_cached_verify_cost_covers_sizes_beyond_the_exact_batch(tmp_path, monkeypatch):
+    """A calibration for k <= 9 on a target exact to 3 rows times sizes 1..4 only: later runs
+    must take that as measured (no calibration every run) and never invent T(5..9)."""
+    monkeypatch.setenv("MOA_CPP_CACHE", str(tmp_path))
+    monkeypatch.setattr(pol, "_cost_key", lambda target: "k")
+    assert pol.cached_verify_cost(None, range(1, 10)) is None
+    pol._write_cache(None, {1: 1.0, 2: 1.5, 3: 2.0, 4: 2.6}, covered=9)
+    assert pol.cached_verify_cost(None, range(1, 10)) == {1: 1.0, 2: 1.5, 3: 2.0, 4: 2.6}
+    assert pol.cached_verify_cost(None, range(1, 17)) is None          # a wider policy measures
+    assert best_chain_length(pol.cached_verify_cost(None, range(1, 10)), [1.0] * 8, 0.0, 8)[0] <= 3
+
+
 class _FakeTarget:
     n_threads, flash_attn = 2, True
 
