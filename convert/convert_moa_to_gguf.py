@@ -19,7 +19,7 @@ from moa_cpp.errors import MoaError  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and convert; bad input is one error line and exit status 2 (argparse's)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     add_convert_arguments(parser)
     args = parser.parse_args(argv)
     try:

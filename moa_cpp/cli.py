@@ -35,14 +35,17 @@ def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
     """The whole parser; with ``command`` only that subcommand's module is imported (the others
     are listed by name and help), so a one-shot ``moa-cpp generate`` loads neither the converter
     nor gguf nor the web stack."""
-    p = argparse.ArgumentParser(prog="moa-cpp", description="Mixture-of-Attentions speculative decoding for llama.cpp")
+    # allow_abbrev=False everywhere: `--api-key sk-...` must never be read as `--api-key-file` (and
+    # printed in the error), and a later flag must not change what an old command line means
+    p = argparse.ArgumentParser(prog="moa-cpp", description="Mixture-of-Attentions speculative decoding for llama.cpp",
+                                allow_abbrev=False)
     p.add_argument("--version", action="version", version=f"moa_cpp {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     for name, module, help_text in SUBCOMMANDS:
-        c = sub.add_parser(name, help=help_text)
+        c = sub.add_parser(name, help=help_text, allow_abbrev=False)
         if command is not None and name != command:
             continue
         mod = importlib.import_module(module, __package__)

@@ -93,11 +93,15 @@ def run_serve(args: argparse.Namespace) -> int:
             # a clean shutdown exits 0 (uvicorn would re-raise the signal after it)
             getattr(self, "_captured_signals", []).clear()
 
+    from .server.connections import guarded_h11
     config = uvicorn.Config(app, log_level="debug" if getattr(args, "verbose", False) else "warning",
                             access_log=bool(getattr(args, "verbose", False)), timeout_graceful_shutdown=10,
                             server_header=False,   # nothing to advertise, and ~20 B less per MoA cycle
                             timeout_keep_alive=75,  # a client between cycles / prompts keeps its connection
-                            limit_concurrency=1000, lifespan="off")
+                            # no limit_concurrency: it counted idle sockets against working clients;
+                            # the guarded protocol bounds sockets, the session pool bounds the work
+                            http=guarded_h11(settings.head_timeout_s, settings.max_connections),
+                            lifespan="off")
     server = _Server(config)
     try:
         server.run(sockets=[sock])

@@ -220,7 +220,7 @@ def run_parity(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="moa-cpp check-parity", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="moa-cpp check-parity", description=__doc__.splitlines()[0], allow_abbrev=False)
     add_parity_arguments(p)
     return run_parity(p.parse_args(argv))
 

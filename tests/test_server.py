@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ KEY = "test-key-0123456789"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 CHATS = ["What is 2 + 2?", "Name three colors."]
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"
+HEAD_TIMEOUT = 5
 # Long generations on demand: "ignore_eos" (llama.cpp's server field) keeps any model talking for
 # max_tokens, whatever greedy text this CPU's kernels make of the prompt.
 
@@ -31,7 +33,7 @@ def server(tmp_path_factory):
     keyfile = tmp_path_factory.mktemp("keys") / "keys.txt"
     keyfile.write_text(f"# test keys\nother-key-abc\n{KEY}\n")
     srv = ServerProc("--parallel", "2", "--queue", "1", "--draft", "chain:4", "--spec-type", "moa,ngram",
-                     "--api-key-file", str(keyfile))
+                     "--api-key-file", str(keyfile), "--header-timeout", str(HEAD_TIMEOUT))
     yield srv
     assert srv.terminate() == 0, "".join(srv.stderr_lines)
 
@@ -132,6 +134,70 @@ def test_auth(server, client):
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
     assert [m.id for m in client.models.list()] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+
+
+def _closed_by_peer(sock) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+
+def test_idle_and_trickling_connections_do_not_lock_clients_out(server):
+    """Issue 24 item 1: 1,000 silent TCP connections made /health answer 503 (uvicorn's
+    limit_concurrency counted them) and a client trickling one header byte at a time was never
+    closed. Now: 1,500 held idle sockets, /health and an authenticated request still answer, and
+    the trickling connection is closed once its head deadline passes."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1800:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1800, hard), hard))
+    n = min(1500, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 200)
+    socks = []
+    try:
+        for _ in range(n):
+            socks.append(socket.create_connection((server.host, server.port), timeout=10))
+        trickle = socket.create_connection((server.host, server.port), timeout=10)
+        trickle.sendall(b"GET /health HTTP/1.1\r\n")
+        t0 = time.monotonic()
+        assert server.health() == 200
+        assert server.request("GET", "/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)[0] == 200
+        assert time.monotonic() - t0 < 30
+        trickle.settimeout(1.0)
+        closed, t1 = False, time.monotonic()
+        while not closed and time.monotonic() - t1 < HEAD_TIMEOUT + 15:
+            try:
+                trickle.sendall(b"X")                  # one byte of a header line per second
+            except OSError:
+                closed = True
+                break
+            closed = _closed_by_peer(trickle)
+        assert closed, "a connection trickling its head was kept open"
+        assert time.monotonic() - t1 < HEAD_TIMEOUT + 5
+        assert sum(_closed_by_peer(s) for s in socks[:50]) == 50      # the idle ones were let go
+    finally:
+        for s in socks:
+            s.close()
+    assert server.health() == 200
+
+
+def test_dns_rebinding_host_check(server):
+    """A loopback server answers only to loopback Host names (issue 24: `Host: attacker.example`
+    was served): a page that rebinds its own name to 127.0.0.1 gets a 400, even on /health and
+    before the key check."""
+    port = server.port
+    for host in ("attacker.example", f"attacker.example:{port}", "127.0.0.1.attacker.example",
+                 "localhost.attacker.example", "0x7f.example", "[2001:db8::1]"):
+        st, _, err = server.request("GET", "/health", headers={"Host": host}, timeout=10)
+        assert st == 400 and err["error"]["code"] == "host_not_allowed", (host, st, err)
+        st, _, err = server.request("GET", "/v1/models", headers={"Host": host, "Authorization": f"Bearer {KEY}"})
+        assert st == 400 and "--allowed-hosts" in err["error"]["message"], host
+    for host in ("localhost", f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "LocalHost.", "app.localhost",
+                 "127.8.9.10"):
+        assert server.request("GET", "/health", headers={"Host": host}, timeout=10)[0] == 200, host
+    assert server.request("GET", "/v1/models", headers={"Host": f"localhost:{port}", "Authorization": f"Bearer {KEY}"})[0] == 200
 
 
 def _long_stream(server, max_tokens: int = 3000):

@@ -96,6 +96,66 @@ def test_api_keys_from_file_and_env(tmp_path):
         load_api_keys(str(tmp_path / "missing"), {})
 
 
+def test_api_keys_non_ascii_refused_world_readable_warned_inline_warned(tmp_path, caplog):
+    """Issue 24 item 8: a non-ASCII key could never match (clients send latin-1 or UTF-8 bytes)
+    and was accepted; a key file others can read, and a key on the command line, are warned about."""
+    f = tmp_path / "k"
+    f.write_text("clé-secrète\n", encoding="utf-8")
+    with pytest.raises(InvalidArgumentError, match="ASCII"):
+        load_api_keys(str(f), {})
+    with pytest.raises(InvalidArgumentError, match="ASCII"):
+        load_api_keys(None, {"MOA_API_KEY": "ключ"})
+    f.write_text("good-key\n")
+    f.chmod(0o644)
+    with caplog.at_level("WARNING", logger="moa_cpp.server"):
+        assert load_api_keys(str(f), {}) == ["good-key"]
+    assert "readable by other users" in caplog.text and "chmod 600" in caplog.text
+    caplog.clear()
+    f.chmod(0o600)
+    with caplog.at_level("WARNING", logger="moa_cpp.server"):
+        assert load_api_keys(str(f), {}) == ["good-key"]
+        assert caplog.text == ""
+        assert load_api_keys(None, {"MOA_API_KEY": "env"}, inline="sk-inline") == ["sk-inline"]
+    assert "process list" in caplog.text
+    with pytest.raises(InvalidArgumentError, match="not both"):
+        load_api_keys(str(f), {}, inline="x")
+
+
+def test_no_abbreviated_flags_and_no_secret_in_errors(capsys):
+    """`moa-cpp serve --api-key-f FILE` once meant --api-key-file; `--api-key sk-...` was read as
+    it too and the error printed the key. Now no parser takes abbreviations."""
+    from moa_cpp.cli import build_parser
+    p = build_parser("serve")
+    assert p.parse_args(["serve", "--api-key", "sk-secret-123"]).api_key == "sk-secret-123"
+    with pytest.raises(SystemExit):
+        p.parse_args(["serve", "--api-key-f", "keys.txt"])             # an abbreviation is unknown now
+    assert "unrecognized arguments: --api-key-f" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        p.parse_args(["serve", "--api-key", "sk-secret-123", "--port", "x"])
+    assert "sk-secret-123" not in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser("generate").parse_args(["generate", "--n-pred", "4"])
+    capsys.readouterr()
+
+
+def test_host_names_served():
+    from moa_cpp.server.hosts import HostMiddleware, allowed_hosts, host_name
+    assert [host_name(h) for h in ("LocalHost:8080", "[::1]:80", "::1", "a.example.", "127.0.0.1")] == \
+        ["localhost", "::1", "::1", "a.example", "127.0.0.1"]
+
+    def served(bind, listed, host):
+        return HostMiddleware(None, allowed_hosts(bind, listed)).ok([(b"host", host.encode())])[0]
+
+    for h in ("localhost", "localhost:1", "x.localhost", "127.0.0.1:5", "127.1.2.3", "[::1]:9", "::1"):
+        assert served("127.0.0.1", (), h), h
+    for h in ("attacker.example", "localhost.attacker.example", "127.0.0.1.nip.io", "[::2]", "0.0.0.0", ""):
+        assert not served("127.0.0.1", (), h), h
+    assert served("127.0.0.1", ("box.lan",), "BOX.lan:8765") and served("127.0.0.1", ("*",), "any.example")
+    assert served("0.0.0.0", (), "any.example")                           # no list: every name
+    assert served("0.0.0.0", ("api.example",), "api.example") and not served("0.0.0.0", ("api.example",), "localhost")
+    assert HostMiddleware(None, allowed_hosts("127.0.0.1", ())).ok([])[0]   # HTTP/1.0 without Host
+
+
 def test_key_checker_compares_every_key():
     k = KeyChecker(["alpha", "beta"])
     assert k.check("alpha") and k.check("beta")

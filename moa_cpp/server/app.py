@@ -24,6 +24,7 @@ from ..errors import MoaError
 from ..generator import parse_draft
 from .auth import KeyChecker, offered_key
 from .errors import APIError, bad_request
+from .hosts import HostMiddleware, allowed_hosts
 from .remote_routes import RemoteAPI
 from .schemas import ChatRequest, CompletionRequest, parse_body
 from .sessions import SessionPool, model_id
@@ -359,4 +360,6 @@ def create_app(settings: ServerSettings, sessions: list) -> Starlette:
                            ClientDisconnect: client_gone, Exception: server_error})
     app.state.server = srv
     app.add_middleware(AuthMiddleware, checker=KeyChecker(settings.api_keys))
+    # outermost (added last): a rebinding page learns nothing, not even whether a key is needed
+    app.add_middleware(HostMiddleware, allowed=allowed_hosts(settings.host, settings.allowed_hosts))
     return app

@@ -39,8 +39,11 @@ class ServerSettings:
     max_chain: int = 16
     retry_after_s: int = 1
     body_timeout_s: float = 30.0
+    head_timeout_s: float = 10.0            # a request head (line + headers) must arrive within this
+    max_connections: int = 64               # open connections; beyond, the longest-idle are closed
     bundle: Optional[str] = None            # client bundle directory served at /moa/v1/bundle (moa-cpp bundle)
     idle_timeout_s: float = 300.0           # a client-server session unused this long is closed
+    allowed_hosts: tuple = ()               # Host names served beyond loopback names ('*': any; see server/hosts.py)
 
     def session_threads(self) -> int:
         if self.threads:
@@ -60,9 +63,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8765, help="port (default 8765; 0 picks a free one)")
     p.add_argument("--api-key-file", metavar="FILE",
-                   help="API keys, one per line ('#' comments); else $MOA_API_KEY; keys never go on the command line")
+                   help="API keys, one per line (lines starting with '#' are comments); else $MOA_API_KEY")
+    p.add_argument("--api-key", metavar="KEY",
+                   help="one API key (llama-server's flag; it shows in the process list: prefer --api-key-file)")
     p.add_argument("--insecure-no-auth", action="store_true",
                    help="allow a non-loopback --host without an API key")
+    p.add_argument("--allowed-hosts", metavar="NAME,...", default="",
+                   help="Host header names served besides localhost names on a loopback bind (DNS rebinding "
+                        "protection; '*' serves any); on another bind, the only names served if given")
     p.add_argument("-np", "--parallel", type=_positive, default=1,
                    help="concurrent generations: sessions (context + drafter state) allocated at start (default 1)")
     p.add_argument("--queue", type=_non_negative, default=16,
@@ -90,6 +98,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest tree a request's moa.draft may ask (default 62)")
     p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a client has to send its request body (default 30)")
+    p.add_argument("--header-timeout", dest="head_timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a connection has to send a complete request head (default 10); else it is closed")
+    p.add_argument("--max-connections", type=_positive, default=64,
+                   help="open connections (default 64); beyond, the longest-idle ones are closed to make room")
     p.add_argument("--idle-timeout", type=float, default=300.0, metavar="S",
                    help="close a client-server (MoA protocol) session idle this many seconds (default 300)")
     p.add_argument("--bundle", metavar="DIR",
@@ -101,10 +113,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     from .auth import load_api_keys
     from ..rpc import parse_endpoints
+    from ..errors import InvalidArgumentError
     rpc = tuple(parse_endpoints(args.rpc)) if args.rpc else ()
+    for name, v in (("--header-timeout", args.head_timeout), ("--body-timeout", args.body_timeout),
+                    ("--idle-timeout", args.idle_timeout)):
+        if not v > 0:
+            raise InvalidArgumentError(f"{name} must be a positive number of seconds, got {v}")
     ngl = args.n_gpu_layers if args.n_gpu_layers is not None else (-1 if rpc else 0)
     return ServerSettings(model=args.model, drafter=args.drafter, host=args.host, port=args.port,
-                          api_keys=load_api_keys(args.api_key_file), insecure_no_auth=args.insecure_no_auth,
+                          api_keys=load_api_keys(args.api_key_file, inline=args.api_key), insecure_no_auth=args.insecure_no_auth,
                           parallel=args.parallel, queue=args.queue, n_ctx=args.n_ctx, threads=args.threads,
                           n_gpu_layers=ngl, device=args.device, draft=args.draft, rpc=rpc,
                           spec_type=args.spec_type, ngram_n_min=args.ngram_n_min, ngram_n_max=args.ngram_n_max,
@@ -112,4 +129,6 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           model_alias=args.model_alias, max_body_bytes=args.max_body_bytes,
                           max_tokens_limit=args.max_tokens_limit, max_tree_nodes=args.max_tree_nodes,
                           body_timeout_s=args.body_timeout, idle_timeout_s=args.idle_timeout,
-                          bundle=getattr(args, "bundle", None))
+                          head_timeout_s=args.head_timeout, max_connections=args.max_connections,
+                          bundle=getattr(args, "bundle", None),
+                          allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip()))
