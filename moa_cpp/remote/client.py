@@ -255,6 +255,7 @@ class RemoteGenerator:
                                       n_draft_max=max(1 + 16 * 16, self.max_unverified + 2))
         self.state = moa_state(self.proposer)
         self.vocab = llama_cpp.Llama(str(vocab_path), vocab_only=True, verbose=False)
+        self.n_ctx, self.n_vocab = int(n_ctx), int(self.vocab.n_vocab())
         ctype = P.MSGPACK if use_msgpack and P._has_msgpack() else P.JSON
         self.http = _Transport(url, key, timeout, ctype)
         self._last_run: Optional[_Run] = None
@@ -334,12 +335,60 @@ class RemoteGenerator:
         return result._run.resume(wait)
 
     def _append(self, r: dict) -> None:
-        k, v, pos0 = P.decode_ca(r["ca"], self.model.ca_kv_heads, self.model.head_dim, 1 << 20)
+        k, v, pos0 = r["_ca"]
         if k.shape[0]:
             self.state.append_ca(k, v, pos0)
 
     def _tokens(self, r: dict) -> list:
-        return [int(t) for t in P.unpack_ints(r["tokens"], "<i4", "tokens", 1 << 16)]
+        return r["_tokens"]
+
+    def checked(self, r: Any, n_prop: Optional[int] = None) -> dict:
+        """The server's answer to an open (``n_prop`` None) or to a verify of ``n_prop`` drafted
+        nodes, checked as the server checks what clients send, before anything is applied: a
+        malicious or broken server (or anyone on a plain-HTTP path) gets a clear
+        :class:`RemoteError` (kind ``bad_reply``), never a crash (llama.cpp aborts the process on
+        a token id outside the vocabulary) and never a half-applied cycle. Adds the decoded
+        ``_tokens`` and ``_ca``."""
+        def bad(msg: str) -> RemoteError:
+            return RemoteError(f"the server's answer is malformed: {msg}", 0, "bad_reply")
+
+        if not isinstance(r, dict):
+            raise bad("not a map")
+        need = {"n": int, "eog": bool, "tokens": (bytes, bytearray), "ca": dict}
+        need.update({"session": str} if n_prop is None else {"accepted": int})
+        for key, typ in need.items():
+            if key not in r:
+                raise bad(f"'{key}' is missing")
+            if not isinstance(r[key], typ) or (typ is int and isinstance(r[key], bool)):
+                raise bad(f"'{key}' is not {getattr(typ, '__name__', 'binary')}")
+        if n_prop is None and not (0 < len(r["session"]) <= 128 and r["session"].replace("-", "").replace("_", "")
+                                   .isalnum() and r["session"].isascii()):
+            raise bad("'session' is not a session id")     # it goes into our request paths
+        a = 0 if n_prop is None else r["accepted"]
+        if not 0 <= a <= (n_prop or 0):
+            raise bad(f"accepted {a} of {n_prop} drafted tokens")
+        drafted = r.get("drafted", n_prop or 0)
+        if not isinstance(drafted, int) or isinstance(drafted, bool) or not 0 <= drafted <= (n_prop or 0):
+            raise bad("'drafted' is not a count of the proposal's nodes")
+        fr = r.get("finish_reason")
+        if fr is not None and not (isinstance(fr, str) and len(fr) <= 32 and fr.isidentifier()):
+            raise bad("'finish_reason' is not a reason")
+        if not 0 <= r["n"] < self.n_ctx:
+            raise bad(f"position n={r['n']} outside the context (0..{self.n_ctx - 1})")
+        try:
+            toks = P.unpack_ints(r["tokens"], "<i4", "tokens", a + 1)
+            k, v, pos0 = P.decode_ca(r["ca"], self.model.ca_kv_heads, self.model.head_dim, self.n_ctx)
+        except P.ProtocolError as e:
+            raise bad(str(e)) from None
+        if toks.size and (toks.min() < 0 or toks.max() >= self.n_vocab):
+            t = int(toks.min() if toks.min() < 0 else toks.max())
+            raise bad(f"token id {t} is outside the vocabulary (0..{self.n_vocab - 1})")
+        if pos0 + k.shape[0] > self.n_ctx:
+            raise bad(f"ca rows {pos0}..{pos0 + k.shape[0]} outside the context")
+        if not (np.isfinite(k).all() and np.isfinite(v).all()):
+            raise bad("ca holds NaN or Inf")
+        r["_tokens"], r["_ca"] = [int(t) for t in toks], (k, v, pos0)
+        return r
 
     def close(self) -> None:
         self.http.close()
@@ -431,6 +480,7 @@ class _Run:
                                   "`moa-cpp bundle`, or run the client without --bundle to download the server's",
                                   e.status, e.kind) from None
             raise
+        r = self.g.checked(r)
         self.sid = r["session"]
         if replay:
             self.st.reopen_calls += 1
@@ -517,6 +567,7 @@ class _Run:
                     self._offline()
                 return
             raise
+        r = g.checked(r, len(prop_tokens))
         tr = self.st.trace
         n_tr = len(tr) if tr is not None else 0
         self._verified(r, prop_tokens)
