@@ -132,3 +132,107 @@ def test_seeded_sampling_repeats_itself(server):
         g.close()
     assert runs[0] == runs[1] and len(runs[0]) == 48
     assert runs[0] != runs[2]
+
+
+def test_a_session_that_only_rewinds_expires(server):
+    """Issue 24 item 3: every verify refreshed the idle clock, so a client rewinding to the start
+    again and again held its pool session for ever. Only progress refreshes it now: the session
+    expires (1 s idle timeout) while the rewinds go on."""
+    _wait_idle(server)
+    st, _, body = _open(server)
+    assert st == 200
+    r = msgpack.unpackb(body)
+    n0, root0, sid = r["n"], r["root"], r["session"]
+    t0, seq, codes = time.monotonic(), 0, []
+    while time.monotonic() - t0 < 6:
+        seq += 1
+        msg = {"v": 1, "seq": seq, "n": n0, "root": root0, "tokens": b"", "parents": b""}
+        st, _, _ = server.request("POST", f"/moa/v1/sessions/{sid}/verify", P.encode_body(msg, P.MSGPACK),
+                                  headers={"Content-Type": P.MSGPACK})
+        codes.append(st)
+        if st == 404:
+            break
+        time.sleep(0.2)
+    assert codes[0] == 200 and codes[-1] == 404, codes
+    assert time.monotonic() - t0 < 4
+
+
+KEY_A, KEY_B = "limits-key-a", "limits-key-b"
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory):
+    keys = tmp_path_factory.mktemp("k") / "keys"
+    keys.write_text(f"{KEY_A}\n{KEY_B}\n")
+    keys.chmod(0o600)
+    srv = ServerProc("--parallel", "1", "--queue", "4", "--idle-timeout", "120", "-c", str(N_CTX), "--draft", "chain:3",
+                     "--api-key-file", str(keys), "--max-sessions-per-key", "1")
+    yield srv
+    assert srv.terminate() == 0
+
+
+def _kopen(server, key):
+    body = {"v": 1, "seq": 0, "prompt": P.pack_i32((1, 2, 3)), "max_tokens": 8}
+    return server.request("POST", "/moa/v1/sessions", P.encode_body(body, P.MSGPACK),
+                          headers={"Content-Type": P.MSGPACK, "Authorization": f"Bearer {key}"})
+
+
+def _kmeta(server) -> dict:
+    return server.request("GET", "/v1/models", headers={"Authorization": f"Bearer {KEY_A}"})[2]["data"][0]["meta"]
+
+
+def _kclose(server, key, sid) -> int:
+    return server.request("DELETE", f"/moa/v1/sessions/{sid}", headers={"Authorization": f"Bearer {key}"})[0]
+
+
+def test_an_open_abandoned_while_queued_is_dropped(keyed):
+    """Issue 24 item 3: a queued open whose client had left still prefilled and then held its
+    session until the idle timeout (here 120 s). Now it is dropped when its client leaves."""
+    import socket
+    st, _, body = _kopen(keyed, KEY_A)                  # A holds the only pool session
+    assert st == 200
+    sid = msgpack.unpackb(body)["session"]
+    raw = P.encode_body({"v": 1, "seq": 0, "prompt": P.pack_i32((1, 2, 3)), "max_tokens": 8}, P.MSGPACK)
+    s = socket.create_connection((keyed.host, keyed.port), timeout=10)
+    s.sendall(b"POST /moa/v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: " + P.MSGPACK.encode() + b"\r\n"
+              b"Authorization: Bearer " + KEY_B.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(raw) + raw)
+    t0 = time.monotonic()
+    while _kmeta(keyed)["queued"] != 1:
+        assert time.monotonic() - t0 < 10, "B's open was not queued"
+        time.sleep(0.05)
+    s.close()                                           # B leaves while queued
+    time.sleep(0.3)
+    assert _kclose(keyed, KEY_A, sid) == 204
+    t1 = time.monotonic()
+    while time.monotonic() - t1 < 2:                    # nobody takes the freed session
+        assert _kmeta(keyed)["sessions_busy"] == 0
+        time.sleep(0.1)
+
+
+def test_sessions_per_key(keyed):
+    """--max-sessions-per-key 1: a key's second open replaces its own unused session (a client
+    that lost track of one is not locked out); while its open is queued, another open is 429."""
+    import threading
+    st, _, body = _kopen(keyed, KEY_A)
+    first = msgpack.unpackb(body)["session"]
+    st, _, body = _kopen(keyed, KEY_A)                  # replaces A's first session
+    assert st == 200
+    second = msgpack.unpackb(body)["session"]
+    assert _kclose(keyed, KEY_A, first) == 404 and _kmeta(keyed)["sessions_busy"] == 1
+    # B holds the pool; A's open waits in the queue; A's next open is refused
+    assert _kclose(keyed, KEY_A, second) == 204
+    st, _, body = _kopen(keyed, KEY_B)
+    b_sid = msgpack.unpackb(body)["session"]
+    queued: dict = {}
+    t = threading.Thread(target=lambda: queued.update(r=_kopen(keyed, KEY_A)))
+    t.start()
+    t0 = time.monotonic()
+    while _kmeta(keyed)["queued"] != 1:
+        assert time.monotonic() - t0 < 10
+        time.sleep(0.05)
+    st, headers, err = _kopen(keyed, KEY_A)
+    assert st == 429 and err["error"]["code"] == "too_many_sessions" and "retry-after" in headers
+    assert _kclose(keyed, KEY_B, b_sid) == 204          # B leaves: A's queued open gets the session
+    t.join(30)
+    assert queued["r"][0] == 200
+    assert _kclose(keyed, KEY_A, msgpack.unpackb(queued["r"][2])["session"]) == 204

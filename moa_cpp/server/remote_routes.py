@@ -3,8 +3,11 @@ as the OpenAI routes): ``GET /moa/v1/info``, ``POST /moa/v1/sessions`` (open),
 ``POST /moa/v1/sessions/{id}/verify``, ``DELETE /moa/v1/sessions/{id}``.
 
 A remote session holds a pool session from open until it is closed, its generation ends, or it
-stays idle ``--idle-timeout`` seconds (a sweeper closes it; the client reopens by replay on its
-next call's 404). Another key's session is a 404.
+makes no progress for ``--idle-timeout`` seconds (a sweeper closes it; the client reopens by
+replay on its next call's 404; empty verifies and rewinds are not progress). A key holds at most
+``--max-sessions-per-key`` sessions, queued opens included; an open whose client leaves while it
+waits for a pool session is dropped; an unexpected failure inside a cycle closes the session.
+Another key's session is a 404.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ class RemoteAPI:
         self.sessions: dict = {}
         self.locks: dict = {}
         self.sweeper: Any = None          # started with the first session (uvicorn runs without lifespan)
+        self.opening: dict = {}           # owner -> opens waiting for a pool session
         self.bundle = BundleAPI(srv)      # --bundle files, this server's bundle_id
 
     # ------------------------------------------------------------------ helpers
@@ -68,6 +72,20 @@ class RemoteAPI:
             self.sessions.pop(rs.id, None)
             self.locks.pop(rs.id, None)
             self.srv.pool.release(rs.pool_session)
+
+    def _make_room_for(self, owner: bytes, limit: int) -> int:
+        """Sessions + queued opens ``owner`` holds after closing its own longest-unused sessions
+        that no cycle is using, down to ``limit - 1`` (a client that lost track of a session - a
+        generation given up offline, a crash - opens again without waiting for the idle timeout)."""
+        own = sorted((rs for rs in self.sessions.values() if rs.owner == owner), key=lambda rs: rs.last_used)
+        held = len(own) + self.opening.get(owner, 0)
+        for rs in own:
+            if held < limit:
+                break
+            if not self.locks[rs.id].locked():
+                self._close(rs)
+                held -= 1
+        return held
 
     def _reap(self) -> None:
         now, idle = time.monotonic(), self.srv.settings.idle_timeout_s
@@ -132,7 +150,22 @@ class RemoteAPI:
         self._reap()
         if self.sweeper is None:
             self.sweeper = asyncio.get_running_loop().create_task(self.sweep())
-        pool_session = await self.srv.pool.acquire()
+        owner = self._owner(request)
+        limit = self.srv.settings.sessions_per_key()
+        held = self._make_room_for(owner, limit) if limit else 0
+        if limit and held >= limit:
+            raise APIError(429, f"this key already holds {held} session(s) (--max-sessions-per-key {limit}): close one "
+                                "(DELETE /moa/v1/sessions/ID) or let it finish", code="too_many_sessions",
+                           headers={"Retry-After": str(self.srv.settings.retry_after_s)})
+        from .app import _until_disconnect
+        self.opening[owner] = self.opening.get(owner, 0) + 1
+        try:
+            # a client that leaves while queued must not be served (and hold a session) later
+            pool_session = await _until_disconnect(request, self.srv.pool.acquire())
+        finally:
+            self.opening[owner] -= 1
+            if not self.opening[owner]:
+                del self.opening[owner]
         try:
             rs = new_session(pool_session, offered_key(request.scope.get("headers", ())), ca_dtype)
         except P.ProtocolError as e:
@@ -147,6 +180,7 @@ class RemoteAPI:
             except BaseException:
                 self._close(rs)
                 raise
+            rs.progressed()
             if rs.g.finished:
                 self._close(rs)
         return self._reply(out, ctype)
@@ -169,12 +203,18 @@ class RemoteAPI:
             except P.ProtocolError as e:
                 raise _err(e) from None
             rs.last_seq = seq
-            rs.last_used = time.monotonic()
-            if behind:                          # its last answer was lost: redo from n
-                await self._run(rewind, rs, n)
-            out = await self._run(verify_cycle, rs, tokens, parents)
+            try:
+                if behind:                      # its last answer was lost: redo from n
+                    await self._run(rewind, rs, n)
+                out = await self._run(verify_cycle, rs, tokens, parents)
+            except APIError:
+                raise
+            except Exception:
+                # its state is unknown now (spec §4): close it; the client reopens by replay
+                self._close(rs)
+                raise
             out["seq"] = seq
-            rs.last_used = time.monotonic()
+            rs.progressed()
             if rs.g.finished:
                 self._close(rs)
         return self._reply(out, ctype)

@@ -90,8 +90,16 @@ class RemoteSession:
     history: list = field(default_factory=list)   # prompt + verified tokens; history[g.n] == g.root
     n_prompt: int = 0
     last_seq: int = -1
-    last_used: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)   # last call that made progress (see progressed)
     closed: bool = False
+    furthest: int = 0                     # the largest position n this session has reached
+
+    def progressed(self) -> None:
+        """Refresh the idle clock only when the generation got further than ever: a client that
+        keeps a session alive with empty verifies or rewinds to the start lets it expire."""
+        if self.g is not None and self.g.n > self.furthest:
+            self.furthest = self.g.n
+            self.last_used = time.monotonic()
 
 
 def new_session(pool_session: Session, owner_key: Optional[str], ca_dtype: str) -> RemoteSession:

@@ -41,9 +41,18 @@ class ServerSettings:
     body_timeout_s: float = 30.0
     head_timeout_s: float = 10.0            # a request head (line + headers) must arrive within this
     max_connections: int = 64               # open connections; beyond, the longest-idle are closed
+    max_sessions_per_key: Optional[int] = None   # client-server sessions one key may hold (None: see effective)
     bundle: Optional[str] = None            # client bundle directory served at /moa/v1/bundle (moa-cpp bundle)
     idle_timeout_s: float = 300.0           # a client-server session unused this long is closed
     allowed_hosts: tuple = ()               # Host names served beyond loopback names ('*': any; see server/hosts.py)
+
+    def sessions_per_key(self) -> int:
+        """Client-server sessions one key may hold, queued opens included (0: no limit). Default:
+        half the pool (at least 1) when keys are configured, so no key can lock the others out;
+        none without keys (every client is the same "key" then)."""
+        if self.max_sessions_per_key is not None:
+            return self.max_sessions_per_key
+        return max(1, self.parallel // 2) if self.api_keys else 0
 
     def session_threads(self) -> int:
         if self.threads:
@@ -102,6 +111,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds a connection has to send a complete request head (default 10); else it is closed")
     p.add_argument("--max-connections", type=_positive, default=64,
                    help="open connections (default 64); beyond, the longest-idle ones are closed to make room")
+    p.add_argument("--max-sessions-per-key", type=_non_negative, default=None, metavar="N",
+                   help="client-server sessions one API key may hold, queued opens included (0: no limit; default: "
+                        "half of --parallel, at least 1, when keys are set)")
     p.add_argument("--idle-timeout", type=float, default=300.0, metavar="S",
                    help="close a client-server (MoA protocol) session idle this many seconds (default 300)")
     p.add_argument("--bundle", metavar="DIR",
@@ -130,5 +142,6 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           max_tokens_limit=args.max_tokens_limit, max_tree_nodes=args.max_tree_nodes,
                           body_timeout_s=args.body_timeout, idle_timeout_s=args.idle_timeout,
                           head_timeout_s=args.head_timeout, max_connections=args.max_connections,
+                          max_sessions_per_key=args.max_sessions_per_key,
                           bundle=getattr(args, "bundle", None),
                           allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip()))
