@@ -58,6 +58,37 @@ def test_bad_bodies(body, ctype, kind):
     assert e.value.kind == kind
 
 
+def _hostile_bodies() -> list:
+    n = 1 << 20
+    arr32 = b"\xdd" + (n - 5).to_bytes(4, "big")                 # msgpack array32 header
+    map32 = b"\xdf" + ((n - 5) // 2).to_bytes(4, "big")          # msgpack map32 header
+    return [("msgpack array of 1M empty maps", arr32 + b"\x80" * (n - 5), P.MSGPACK),
+            ("msgpack array of 1M empty arrays", arr32 + b"\x90" * (n - 5), P.MSGPACK),
+            ("msgpack map of 500k int keys", map32 + b"\x01\x80" * ((n - 5) // 2), P.MSGPACK),
+            ("msgpack map of 100k str keys", b"\xdf" + (100000).to_bytes(4, "big")
+             + b"".join(b"\xa5" + f"{i:05d}".encode() + b"\xc0" for i in range(100000)), P.MSGPACK),
+            ("json array of 350k objects", b"[" + b"{}," * ((n - 3) // 3) + b"{}]", P.JSON),
+            ("json nested arrays", b"[" * (n // 2) + b"]" * (n // 2), P.JSON)]
+
+
+@pytest.mark.parametrize("name,body,ctype", _hostile_bodies(), ids=lambda x: x if isinstance(x, str) and " " in x else "")
+def test_hostile_bodies_cost_little_to_refuse(name, body, ctype):
+    """Issue 24 item 7: a 1 MiB body of empty maps decoded into ~73 MiB of Python objects (on the
+    server's event loop) before it was refused. The decoder's container limits refuse it early:
+    the peak of Python allocations while refusing stays under 4 MiB."""
+    import tracemalloc
+    assert len(body) <= 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(P.ProtocolError) as e:
+            P.decode_body(body, ctype, 1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert e.value.kind == "malformed_body"
+    assert peak < 4 << 20, f"{name}: {peak / 2 ** 20:.1f} MiB to refuse"
+
+
 @pytest.mark.parametrize("tokens,parents,ok", [
     ([1, 2, 3], [-1, 0, 1], True), ([1, 2], [-1, -1], True), ([], [], True),
     ([1, 2], [-1, 1], False), ([1, 2], [-1, 5], False), ([1, 2], [-2, 0], False), ([-1], [-1], False),

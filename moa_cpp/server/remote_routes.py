@@ -28,6 +28,7 @@ from .errors import APIError
 from .remote_sessions import RemoteSession, check_state, new_session, open_generation, rewind, verify_cycle
 
 MAX_PROMPT = 1 << 16
+DECODE_INLINE = 64 << 10       # bytes decoded on the event loop; larger bodies in a thread
 
 
 def _err(e: P.ProtocolError) -> APIError:
@@ -50,7 +51,12 @@ class RemoteAPI:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         body = await _read_body_raw(request, self.srv.settings.max_body_bytes, self.srv.settings.body_timeout_s)
         try:
-            return P.decode_body(body, ctype, self.srv.settings.max_body_bytes), ctype
+            if len(body) <= DECODE_INLINE:        # a cycle's body: microseconds, no thread hop
+                return P.decode_body(body, ctype, self.srv.settings.max_body_bytes), ctype
+            # a large body (a long prompt, a replay) is decoded off the event loop: /health and
+            # the other clients' cycles do not wait for it
+            return await asyncio.get_running_loop().run_in_executor(
+                None, P.decode_body, body, ctype, self.srv.settings.max_body_bytes), ctype
         except P.ProtocolError as e:
             raise _err(e) from None
 
