@@ -25,6 +25,10 @@ def add_client_arguments(p: argparse.ArgumentParser) -> None:
                    help="a client bundle (moa-cpp bundle) instead of -m/-d; with none of the three, the server's "
                         "bundle is downloaded (and cached) if it serves one, else the embedded defaults are used")
     p.add_argument("--api-key-file", metavar="FILE", help="file whose first key line is used; else $MOA_API_KEY")
+    p.add_argument("--trust-server-bundle", action="store_true",
+                   help="download and run the client bundle the server offers (files it sends are parsed here)")
+    p.add_argument("--bundle-id", metavar="ID",
+                   help="accept the server's client bundle only if it is exactly this bundle_id (pinned consent)")
     p.add_argument("-p", "--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="apply the target GGUF's chat template")
     p.add_argument("-n", "--max-tokens", dest="max_tokens", type=positive, default=256, help="max new tokens")
@@ -107,7 +111,11 @@ def run_client(args: argparse.Namespace) -> int:
         if drafter is None:
             raise InvalidArgumentError("-m/--model needs -d/--drafter (the MoA drafter trained for it)")
         files = {"drafter": drafter, "target": target}
+    if files and (args.trust_server_bundle or args.bundle_id):
+        raise InvalidArgumentError("--trust-server-bundle / --bundle-id are about the server's bundle: not with "
+                                   "--bundle or -m/-d (your own files)")
     gen = RemoteGenerator(args.server, **files, api_key=_api_key(args), draft=args.draft,
+                          trust_server_bundle=args.trust_server_bundle, bundle_id=args.bundle_id,
                           ca_dtype=args.ca_dtype, timeout=args.timeout, max_unverified=args.max_unverified,
                           resync_wait=args.resync_wait)
     prompt = args.prompt

@@ -289,7 +289,15 @@ def test_download_bundle_into_the_cache(server, plain, bundle_dir, tmp_path, mon
     from moa_cpp.remote.client import RemoteGenerator
     monkeypatch.setenv("MOA_CPP_CACHE", str(tmp_path / "cache"))
     m = B.load_bundle(bundle_dir).manifest
-    g = RemoteGenerator(server.url, api_key=KEY, draft="chain:4")          # no files given: fetch the bundle
+    # no files given: the server's bundle, downloaded and run only with consent (issue 24 item 5)
+    with pytest.raises(B.BundleError, match="--trust-server-bundle") as e:
+        RemoteGenerator(server.url, api_key=KEY, draft="chain:4")
+    assert m["bundle_id"] in str(e.value) and not (tmp_path / "cache" / "bundles").exists()   # nothing downloaded
+    with pytest.raises(B.BundleMismatchError, match="not the pinned"):
+        RemoteGenerator(server.url, api_key=KEY, draft="chain:4", bundle_id="0" * 64)
+    g = RemoteGenerator(server.url, api_key=KEY, draft="chain:4", bundle_id=m["bundle_id"])   # pinned consent
+    g.close()
+    g = RemoteGenerator(server.url, api_key=KEY, draft="chain:4", trust_server_bundle=True)
     try:
         d = tmp_path / "cache" / "bundles" / m["bundle_id"]
         assert g.bundle is not None and g.bundle.dir == d and g.model.role == "client"

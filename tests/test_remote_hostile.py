@@ -28,6 +28,8 @@ class FakeServer:
     def __init__(self) -> None:
         self.open_reply: dict = {}
         self.verify_reply: dict = {}
+        self.raw_open: bytes = b""                 # sent as is instead of open_reply
+        self.manifest: dict = {}                   # GET /moa/v1/bundle (404 if empty)
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -47,11 +49,23 @@ class FakeServer:
             def do_GET(self) -> None:
                 if self.path == "/health":
                     self._send(200, {"v": P.VERSION, "status": "ok"})
+                elif self.path == "/moa/v1/bundle" and fake.manifest:
+                    body = json.dumps(fake.manifest).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
                 else:
                     self._send(404, {"error": {"message": "no", "code": "not_found"}})
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if fake.raw_open and self.path == "/moa/v1/sessions":
+                    self.wfile.write(fake.raw_open)
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
                 reply = fake.open_reply if self.path == "/moa/v1/sessions" else fake.verify_reply
                 self._send(200, reply)
 
@@ -174,3 +188,29 @@ def test_cli_client_exits_2_not_134(fake, client):
                           "--draft", "chain:3"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
     assert "malformed" in out.stderr and f"token id {client.n_vocab}" in out.stderr
+
+
+def test_a_reply_declaring_gigabytes_is_refused_unread(fake, client):
+    """Issue 24 item 5: replies were read whole before the 64 MiB check."""
+    from moa_cpp.remote.client import RemoteError
+    fake.raw_open = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 99999999999\r\n\r\n{")
+    try:
+        with pytest.raises(RemoteError) as e:
+            client.generate(PROMPT, max_tokens=8)
+    finally:
+        fake.raw_open = b""
+    assert e.value.kind == "bad_reply" and "declares 99999999999 bytes" in str(e.value)
+
+
+def test_a_manifest_declaring_a_huge_file_is_refused(fake):
+    """Issue 24 item 5: a manifest could declare any size (the client would stream it to disk)."""
+    from moa_cpp.remote import bundle as B
+    from moa_cpp.remote.client import RemoteGenerator
+    files = {name: {"size": 1 << 40, "sha256": "0" * 64} for name in B.BUNDLE_FILES}
+    fake.manifest = {"format": B.FORMAT, "format_version": B.FORMAT_VERSION, "protocol": P.VERSION,
+                     "bundle_id": "1" * 64, "files": files}
+    try:
+        with pytest.raises(B.BundleError, match="declares 1099511627776 bytes"):
+            RemoteGenerator(fake.url, trust_server_bundle=True)
+    finally:
+        fake.manifest = {}

@@ -374,6 +374,11 @@ class Bundle:
         return self.manifest["files"].get(name) if name in BUNDLE_FILES else None
 
 
+# The largest bundle file a client downloads: the token embedding of a 262K-vocabulary target at
+# F16 is ~0.35 GB per 640 dimensions; 8 GiB covers 4096-dimension F16 embeddings with room.
+MAX_FILE_BYTES = 8 << 30
+
+
 def check_manifest(m: object, where: str) -> dict:
     """Structure of a manifest (from a file or a server): every field the client relies on."""
     from . import protocol as P
@@ -393,6 +398,9 @@ def check_manifest(m: object, where: str) -> dict:
         if (not isinstance(e, dict) or not isinstance(e.get("sha256"), str) or not _ID_RE.match(e["sha256"])
                 or type(e.get("size")) is not int or e["size"] < 0):
             raise BundleError(f"{where}: bad manifest entry for {name}")
+        if e["size"] > MAX_FILE_BYTES:
+            raise BundleError(f"{where}: {name} declares {e['size']} bytes, more than a client bundle file may have "
+                              f"({MAX_FILE_BYTES >> 30} GiB)")
     return m
 
 
@@ -477,6 +485,8 @@ def fetch_manifest(url: str, api_key: Optional[str] = None, timeout: float = 30.
     c, r = _get(url, "/moa/v1/bundle", api_key, timeout)
     try:
         data = r.read(1 << 20)
+        if len(data) == 1 << 20 and r.read(1):
+            raise BundleError(f"{url}: the bundle manifest is larger than 1 MiB")
     finally:
         c.close()
     if r.status == 404:

@@ -152,6 +152,22 @@ class _Transport:
         self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return self.conn, False
 
+    MAX_REPLY = 64 << 20      # a verify answer is KBs (CA of the accepted tokens); an open's, MBs at most
+
+    def _read_bounded(self, r: http.client.HTTPResponse) -> bytes:
+        """The body, refused before it is read if it declares more than MAX_REPLY and cut off
+        past it if it does not say (a server must not make the client buffer gigabytes)."""
+        declared = r.getheader("Content-Length")
+        if declared is not None and (not declared.strip().isdigit() or int(declared) > self.MAX_REPLY):
+            self.close()
+            raise RemoteError(f"the server's answer declares {declared[:20]} bytes (at most {self.MAX_REPLY})", 0,
+                              "bad_reply")
+        data = r.read(self.MAX_REPLY + 1)
+        if len(data) > self.MAX_REPLY:
+            self.close()
+            raise RemoteError(f"the server's answer is larger than {self.MAX_REPLY} bytes", 0, "bad_reply")
+        return data
+
     def _exchange(self, method: str, path: str, body: Optional[bytes]) -> tuple:
         """(response, body bytes). A request that could not even be sent on a reused connection
         (the server had closed it) is sent once more on a fresh one: the server cannot have
@@ -171,7 +187,7 @@ class _Transport:
                 raise
             try:
                 r = c.getresponse()
-                data = r.read()
+                data = self._read_bounded(r)
             except (OSError, http.client.HTTPException):
                 self.close()
                 raise
@@ -199,7 +215,10 @@ class _Transport:
                 raise RemoteError(err.get("message", ""), r.status, err.get("code") or err.get("type", ""))
             except (ValueError, KeyError, TypeError):
                 raise RemoteError(f"HTTP {r.status}: {data[:200]!r}", r.status) from None
-        return P.decode_body(data, rtype, 64 << 20)
+        try:
+            return P.decode_body(data, rtype, self.MAX_REPLY)
+        except P.ProtocolError as e:
+            raise RemoteError(f"the server's answer is malformed: {e}", 0, "bad_reply") from None
 
     def close(self) -> None:
         if self.conn is not None:
@@ -221,9 +240,11 @@ class RemoteGenerator:
       409 ``bundle_mismatch`` (raised as :class:`RemoteError`).
     - ``drafter`` and ``target``: the full drafter GGUF and the target GGUF (only its vocabulary,
       metadata and embedding are read here).
-    - neither: the server's bundle if it serves one (``moa-cpp serve --bundle``), downloaded once
-      into ``<cache>/bundles/<bundle_id>/`` and checked against its sha256; else the embedded
-      default drafter and target.
+    - neither: the server's bundle if it serves one (``moa-cpp serve --bundle``) and the user
+      consents (``trust_server_bundle=True``, or ``bundle_id=`` pinning exactly that bundle: its
+      files are parsed and run here), downloaded once into ``<cache>/bundles/<bundle_id>/`` and
+      checked against its sha256 (every read bounded); without consent a BundleError says how to
+      give it. A server without a bundle: the embedded default drafter and target.
 
     Greedy output equals the target's plain greedy decoding; with temperature > 0 every token is
     the target's own sample (drafts are deterministic and verified as point masses)."""
@@ -233,7 +254,7 @@ class RemoteGenerator:
                  api_key: Optional[str] = None, draft: str = "chain:4", ca_dtype: str = "f16", timeout: float = 30.0,
                  n_ctx: int = 4096, n_threads: Optional[int] = None, use_msgpack: bool = True,
                  max_unverified: int = 128, resync_wait: float = 30.0, probe_timeout: float = 1.0,
-                 trace: bool = False) -> None:
+                 trace: bool = False, trust_server_bundle: bool = False, bundle_id: Optional[str] = None) -> None:
         import llama_cpp
 
         from .. import target as _target
@@ -246,7 +267,8 @@ class RemoteGenerator:
             raise ValueError("draft must be chain:N or tree:D,K,T in client-server mode")
         self.ca_dtype = ca_dtype
         key = api_key if api_key is not None else os.environ.get("MOA_API_KEY") or None
-        drafter, target, vocab_path, self.bundle = self._resolve_files(url, key, timeout, bundle, drafter, target)
+        drafter, target, vocab_path, self.bundle = self._resolve_files(url, key, timeout, bundle, drafter, target,
+                                                                        trust_server_bundle, bundle_id)
         self.bundle_id: Optional[str] = self.bundle.bundle_id if self.bundle is not None else None
         self.model = DrafterModel(drafter, target, n_threads=n_threads)
         self.max_unverified, self.resync_wait, self.probe_timeout = int(max_unverified), resync_wait, probe_timeout
@@ -262,9 +284,11 @@ class RemoteGenerator:
         self.trace = bool(trace)
 
     @staticmethod
-    def _resolve_files(url: str, key: Optional[str], timeout: float, bundle, drafter, target) -> tuple:
+    def _resolve_files(url: str, key: Optional[str], timeout: float, bundle, drafter, target,
+                       trust: bool = False, pin: Optional[str] = None) -> tuple:
         """(drafter GGUF, target GGUF or None (bundled), GGUF to tokenize with, Bundle or None): see
-        the class docstring."""
+        the class docstring. The server's bundle is downloaded and run only with the user's
+        consent: ``trust`` (any bundle it offers) or ``pin`` (exactly this bundle_id)."""
         from . import bundle as B
         if bundle is not None:
             if drafter is not None or target is not None:
@@ -276,13 +300,25 @@ class RemoteGenerator:
                 raise ValueError("drafter= and target= go together (or pass bundle=)")
             return drafter, target, target, None
         try:
-            b = B.download_bundle(url, key, timeout=timeout, progress=True)
+            m = B.fetch_manifest(url, key, timeout)
         except (OSError, http.client.HTTPException) as e:   # unreachable now: draft alone with the defaults
             import logging
             logging.getLogger(__name__).warning("cannot ask %s for its bundle (%s: %s): using the embedded default "
                                                 "drafter and target", url, type(e).__name__, e)
-            b = None
-        if b is not None:
+            m = None
+        if m is not None:
+            size = sum(e["size"] for e in m["files"].values()) / 2 ** 20
+            if pin is not None and pin != m["bundle_id"]:
+                raise B.BundleMismatchError(f"the server at {url} offers bundle_id {m['bundle_id']}, not the pinned "
+                                            f"{pin}: its drafter or target changed")
+            if pin is None and not trust:
+                raise B.BundleError(
+                    f"the server at {url} offers its client bundle (bundle_id {m['bundle_id']}, {size:.0f} MiB: a "
+                    "drafter and the target's tokenizer and embedding, to be parsed and run here). Running files a "
+                    "server sends is your call: pass --trust-server-bundle (trust_server_bundle=True) to download "
+                    f"and run it, or --bundle-id {m['bundle_id']} (bundle_id=...) to accept exactly this one; or "
+                    "use your own files: --bundle DIR, or -m TARGET -d DRAFTER")
+            b = B.download_bundle(url, key, timeout=timeout, manifest=m, progress=True)
             return b.client, None, b.vocab, b
         from .. import defaults
         target = defaults.default_target()
