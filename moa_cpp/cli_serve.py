@@ -66,7 +66,17 @@ def run_serve(args: argparse.Namespace) -> int:
         from .server.sessions import resolve_models
         target_path, drafter_path, _, _, _ = resolve_models(settings)
         check_server_bundle(settings.bundle, drafter_path, target_path)
+    if settings.rpc:
+        from .rpc import is_loopback
+        for ep in settings.rpc:
+            if not is_loopback(ep.rpartition(":")[0].strip("[]")):
+                log.warning("--rpc %s: the target's weights and activations travel to it unencrypted and "
+                            "unauthenticated (llama.cpp's RPC protocol): use it on a private network only", ep)
     sessions = build_sessions(settings)
+    if settings.rpc:
+        # after the model is loaded: its connections to the rpc-servers exist now
+        from .server.rpc_watch import start_watchdog
+        start_watchdog(settings.rpc)
     gen0 = sessions[0].gen
     if gen0.proposer is not None:
         # before listening: a first request would otherwise wait for it (seconds; a client may time out)

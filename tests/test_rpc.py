@@ -145,3 +145,39 @@ def test_serve_with_rpc(rpc_servers):
     finally:
         plain.close()
         assert srv.terminate() == 0
+
+
+def test_serve_exits_cleanly_when_an_rpc_server_dies():
+    """Issue 24 item 6: an rpc-server that dies made `serve` abort (llama.cpp's RPC client) on the
+    next request, resetting every client's connection without a word. Now the watchdog sees the
+    closed connection and `serve` exits 3 with the endpoint named, before any request."""
+    pytest.importorskip("starlette")
+    from server_proc import ServerProc
+    port = _free_port()
+    rpc = subprocess.Popen([sys.executable, "-m", "moa_cpp.cli", "rpc-server", "--port", str(port), "-t", "1"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 30
+        while True:
+            try:
+                probe(f"127.0.0.1:{port}", timeout=2)
+                break
+            except MoaError:
+                assert time.monotonic() < end
+                time.sleep(0.1)
+        srv = ServerProc("--rpc", f"127.0.0.1:{port}", "--draft", "none", "-t", "1")
+        st, _, body = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 4, "temperature": 0})
+        assert st == 200
+        rpc.kill()
+        rpc.wait()
+        try:
+            srv.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            pytest.fail("serve kept running with its rpc-server gone")
+        assert srv.proc.returncode == 3, (srv.proc.returncode, "".join(srv.stderr_lines)[-2000:])
+        time.sleep(0.2)
+        assert f"rpc-server 127.0.0.1:{port} closed its connection" in "".join(srv.stderr_lines)
+    finally:
+        rpc.kill()
+        rpc.wait()
