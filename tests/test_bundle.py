@@ -285,6 +285,29 @@ def test_bundle_routes(server, bundle_dir):
         assert _get(server, f"/moa/v1/bundle/{name}")[0] == 404, name
 
 
+def test_served_files_are_the_ones_checked_at_start(bundle_dir, tmp_path):
+    """Issue 24 item 9: bundle files were re-checked by size only when served, so a file replaced
+    on disk after start (same size) was served under the manifest's sha256. The server serves the
+    descriptors it opened at start: what clients get is what was checked. (Its own server and
+    copy of the bundle: the module's server keeps serving the original files.)"""
+    import hashlib
+    import shutil
+    from server_proc import ServerProc
+    d = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, d)
+    m = B.load_bundle(d).manifest
+    srv = ServerProc("--draft", "chain:4", "-t", "1", "--bundle", str(d))
+    try:
+        served = d / B.VOCAB_FILE
+        other = d / ".other.tmp"
+        other.write_bytes(bytes(b ^ 0x5A for b in served.read_bytes()))     # same size, other bytes
+        os.replace(other, served)                                           # a new file under the name
+        st, h, data = srv.request("GET", "/moa/v1/bundle/vocab.gguf")
+        assert st == 200 and hashlib.sha256(data).hexdigest() == m["files"]["vocab.gguf"]["sha256"] == h["x-moa-sha256"]
+    finally:
+        assert srv.terminate() == 0
+
+
 def test_download_bundle_into_the_cache(server, plain, bundle_dir, tmp_path, monkeypatch):
     from moa_cpp.remote.client import RemoteGenerator
     monkeypatch.setenv("MOA_CPP_CACHE", str(tmp_path / "cache"))

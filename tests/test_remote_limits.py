@@ -109,6 +109,13 @@ def test_context_limits(server, plain):
     _wait_idle(server)
     st, _, body = _open(server, prompt=[1] * N_CTX)
     assert st == 422 and body["error"]["code"] == "context_full"
+    # issue 24 item 9: a prompt may not take the whole context (it was accepted up to n_ctx - 1)
+    margin = N_CTX // 8
+    st, _, body = _open(server, prompt=[1] * (N_CTX - margin + 1))
+    assert st == 422 and body["error"]["code"] == "context_full" and f"{margin} of them kept" in body["error"]["message"]
+    st, _, body = _open(server, prompt=[1] * (N_CTX - margin))
+    assert st == 200
+    assert server.request("DELETE", f"/moa/v1/sessions/{msgpack.unpackb(body)['session']}")[0] == 204
     # a generation that runs into the context ends there, with plain decoding's tokens (EOG
     # ignored on both sides: greedy text, and so where it would stop, differs between CPUs)
     ref = plain.generate(PROMPT, max_tokens=N_CTX, ignore_eos=True)

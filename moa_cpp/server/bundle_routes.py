@@ -12,11 +12,12 @@ target's licence applies to whoever downloads them.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Optional
 
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..remote import bundle as B
@@ -37,11 +38,16 @@ class BundleAPI:
         self._id_known = False
         self._lock = threading.Lock()
         self.bundle: Optional[B.Bundle] = None
+        self.fds: dict = {}               # file name -> descriptor opened at start (what is served)
         path = getattr(srv.settings, "bundle", None)
         if path:
             # `moa-cpp serve` has verified the files' sha256 before loading the models
             # (B.check_server_bundle); here only the manifest and the identity are checked again.
+            # The files are opened now and served from these descriptors: a file replaced on disk
+            # later (a new inode) cannot change what clients get; one written over in place is
+            # caught by their sha256 check, one cut short by the size check below.
             self.bundle = B.load_bundle(path, verify=False)
+            self.fds = {name: os.open(self.bundle.dir / name, os.O_RDONLY) for name in self.bundle.manifest["files"]}
             mine = self.bundle_id()
             if mine != self.bundle.bundle_id:
                 raise B.BundleMismatchError(f"bundle '{path}' was made for another drafter/target than this server's "
@@ -91,15 +97,25 @@ class BundleAPI:
         entry = b.file_entry(name)
         if entry is None:
             raise APIError(404, f"no bundle file {name!r}", code="not_found")
-        path = b.dir / name
-        try:
-            size = path.stat().st_size
-        except OSError:
-            raise APIError(500, f"bundle file {name} is gone from the server", code="internal_error") from None
-        if size != entry["size"]:
+        fd = self.fds[name]
+        if os.fstat(fd).st_size != entry["size"]:
             raise APIError(500, f"bundle file {name} changed on the server since it started", code="internal_error")
-        return FileResponse(path, media_type="application/octet-stream", filename=name,
-                            headers={"X-Moa-Sha256": entry["sha256"]})
+        return StreamingResponse(self._chunks(fd, entry["size"]), media_type="application/octet-stream",
+                                 headers={"X-Moa-Sha256": entry["sha256"], "Content-Length": str(entry["size"]),
+                                          "Content-Disposition": f'attachment; filename="{name}"'})
+
+    @staticmethod
+    async def _chunks(fd: int, size: int, chunk: int = 1 << 20) -> AsyncIterator[bytes]:
+        """The file behind ``fd`` (pread: no shared offset between concurrent downloads), read
+        in a thread chunk by chunk so the event loop keeps serving."""
+        loop = asyncio.get_running_loop()
+        off = 0
+        while off < size:
+            data = await loop.run_in_executor(None, os.pread, fd, min(chunk, size - off), off)
+            if not data:
+                return
+            off += len(data)
+            yield data
 
     def routes(self) -> list:
         return [Route("/moa/v1/bundle", self.manifest, methods=["GET"]),

@@ -31,6 +31,13 @@ MAX_PROMPT = 1 << 16
 DECODE_INLINE = 64 << 10       # bytes decoded on the event loop; larger bodies in a thread
 
 
+def context_margin(n_ctx: int) -> int:
+    """Positions an open must leave free: one full verification (63 rows) on a large context, an
+    eighth of a small one. A prompt that fills the context would leave a session that can only
+    end, holding a pool session for nothing."""
+    return min(64, n_ctx // 8)
+
+
 def _err(e: P.ProtocolError) -> APIError:
     return APIError(e.status, str(e), code=e.kind)
 
@@ -150,8 +157,10 @@ class RemoteAPI:
             raise APIError(422, f"generated / root: token ids in [0, {n_vocab})", code="invalid_field")
         if generated.size and root < 0:
             raise APIError(422, "a replay (generated) needs its root", code="invalid_field")
-        if prompt.size + generated.size >= self.srv.n_ctx:
-            raise APIError(422, f"the prompt ({prompt.size} tokens) does not fit the context ({self.srv.n_ctx})",
+        margin = context_margin(self.srv.n_ctx)
+        if prompt.size + generated.size + margin > self.srv.n_ctx:
+            raise APIError(422, f"the prompt ({prompt.size + generated.size} tokens) does not fit the context "
+                                f"({self.srv.n_ctx} positions, {margin} of them kept for what it generates)",
                            code="context_full")
         self._reap()
         if self.sweeper is None:
