@@ -243,3 +243,40 @@ def test_sessions_per_key(keyed):
     t.join(30)
     assert queued["r"][0] == 200
     assert _kclose(keyed, KEY_A, msgpack.unpackb(queued["r"][2])["session"]) == 204
+
+
+def test_a_failure_inside_a_cycle_closes_the_session(monkeypatch):
+    """Issue 24 item 3 / spec §4: an unexpected exception inside verify answered 500 and kept the
+    session (its state unknown). Now the session is closed and its pool session freed; the
+    client's next call gets 404 and reopens by replay. (In-process app: the failure is injected.)"""
+    from starlette.testclient import TestClient
+    from moa_cpp.server import remote_routes
+    from moa_cpp.server.app import create_app
+    from moa_cpp.server.sessions import build_sessions
+    from moa_cpp.server.settings import ServerSettings
+    settings = ServerSettings(parallel=1, draft="chain:3", n_ctx=N_CTX, threads=1)
+    sessions = build_sessions(settings)
+    try:
+        with TestClient(create_app(settings, sessions), base_url="http://localhost",
+                        raise_server_exceptions=False) as c:
+            body = P.encode_body({"v": 1, "seq": 0, "prompt": P.pack_i32((1, 2, 3)), "max_tokens": 8}, P.MSGPACK)
+            r = c.post("/moa/v1/sessions", content=body, headers={"Content-Type": P.MSGPACK})
+            assert r.status_code == 200
+            o = msgpack.unpackb(r.content)
+
+            def broken(*a, **k):
+                raise RuntimeError("injected")
+            monkeypatch.setattr(remote_routes, "verify_cycle", broken)
+            msg = {"v": 1, "seq": 1, "n": o["n"], "root": o["root"], "tokens": b"", "parents": b""}
+            r = c.post(f"/moa/v1/sessions/{o['session']}/verify", content=P.encode_body(msg, P.MSGPACK),
+                       headers={"Content-Type": P.MSGPACK})
+            assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+            monkeypatch.undo()
+            msg["seq"] = 2
+            r = c.post(f"/moa/v1/sessions/{o['session']}/verify", content=P.encode_body(msg, P.MSGPACK),
+                       headers={"Content-Type": P.MSGPACK})
+            assert r.status_code == 404
+            assert c.get("/v1/models").json()["data"][0]["meta"]["sessions_busy"] == 0
+    finally:
+        for s in sessions:
+            s.gen.close()
