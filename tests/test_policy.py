@@ -204,3 +204,27 @@ def test_auto_drafts_where_it_pays(fx):
     toks, st = _run(loop, prompt, 32, cfg)
     assert toks == ref[:32]
     assert st.drafted > 20 and st.tau > 2.0 and max(st.auto_choices) >= 3
+
+
+def test_calibration_times_the_sizes_the_exactness_search_did_not(tmp_path, monkeypatch):
+    """A target with no exact multi-row batch verifies in full batches: the one-pass calibration
+    (T(k) from the exactness search's decodes) must still give T(k) for every k the policy may
+    use (a KeyError in the policy's decision line, found by the CLI test under load)."""
+    from moa_cpp import exactness
+    monkeypatch.setenv("MOA_CPP_CACHE", str(tmp_path))
+    monkeypatch.setattr(pol, "_cost_key", lambda target: "k")
+
+    def search(target, need, timings=None, **kw):
+        timings.update({1: [1.0, 1.1], 2: [1.6]})          # b = 2 was the first inexact size
+        return 1
+    monkeypatch.setattr(exactness, "exact_rows", search)
+    measured = []
+
+    def measure(target, ks, reps, use_cache):
+        measured.append(tuple(ks))
+        return {k: 1.0 + 0.5 * (k - 1) for k in ks}
+    monkeypatch.setattr(pol, "measure_verify_cost", measure)
+    t = type("T", (), {"_max_exact_rows": None})()
+    cost = pol.calibrate_verify_cost(t, 8)
+    assert measured == [tuple(range(3, 10))] and sorted(cost) == list(range(1, 10))
+    assert pol.cached_verify_cost(t, range(1, 10)) == cost

@@ -506,7 +506,7 @@ def test_a_body_that_never_arrives_times_out_with_408(server):
     import socket as _socket
     import time as _time
     with _socket.create_connection((server.host, server.port), timeout=30) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 100\r\n\r\n{\"prompt\":")
         t = _time.monotonic()
         data = b""
