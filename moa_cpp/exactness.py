@@ -204,13 +204,13 @@ def measure_exact_rows(target: Target, max_rows: int = 63, *, n_texts: int = 3, 
     decoded alone, on ``n_texts`` token windows of realistic text. 0 if even one-row decodes
     are not reproducible.
 
-    Search (cheap: once per model on a machine): on the first window b = 1..8 one by one, then
-    16, 32, 63, bisecting between the last exact and the first inexact size; it stops at the first
-    failure, so a model exact to 3 rows costs ~8 one-token decodes and 4 small batches. Sizes
-    between the checkpoints are assumed to behave like their neighbours (llama.cpp's kernels
-    switch at row-count thresholds). Each later window (other tokens, a longer context) confirms
-    the largest size found so far with one batch, and searches like the first where that fails.
-    ``exhaustive=True`` tests every size on every window instead.
+    Search (cheap: once per model on a machine): b = 1..8 one by one, then 16, 32, 63, bisecting
+    between the last exact and the first inexact size; it stops at the first failure, so a model
+    exact to 3 rows costs each window ~8 one-token decodes and 4 small batches. Sizes between the
+    checkpoints are assumed to behave like their neighbours (llama.cpp's kernels switch at
+    row-count thresholds); ``exhaustive=True`` tests every size instead. Windows are checked one
+    after another, each bounded by the previous result (and each size's decode is timed once per
+    window: three samples of T(b) for the calibration).
 
     ``details``, if given, receives ``first_failure`` (the smallest inexact b found, or None),
     ``max_abs_diff`` (its largest row difference), ``window`` (which window failed), ``tested``
@@ -229,13 +229,8 @@ def measure_exact_rows(target: Target, max_rows: int = 63, *, n_texts: int = 3, 
                 break
             win = _Window(target, ctx, rows, keep, timings)
             keep = len(ctx)
-            if exhaustive:
-                good, bad, bad_diff, sizes = _search(win, list(range(1, best + 1)), best, True)
-            else:
-                good, bad, bad_diff, sizes = _search(win, [best] if w else _plan(best), best, False)
-                if w and bad is not None:           # the confirmation failed: search this window
-                    good, bad, bad_diff, more = _search(win, _plan(best), best, False)
-                    sizes += more
+            plan = list(range(1, best + 1)) if exhaustive else _plan(best)
+            good, bad, bad_diff, sizes = _search(win, plan, best, exhaustive)
             tested.append(sizes)
             if bad is not None and (first_fail is None or bad <= first_fail):
                 first_fail, fail_diff, fail_win = bad, bad_diff, w

@@ -90,11 +90,14 @@ def _read_cache() -> dict:
         return {}
 
 
-def _write_cache(target: Target, cost: dict, covered: int) -> None:
+def _write_cache(target: Target, cost: dict, covered: int, replace: bool = False) -> None:
+    """Store T(k); ``replace``: this measurement is the whole table (a calibration: never mix the
+    sizes of two measurements made under different conditions), else merge it into the entry."""
     cache = _read_cache()
     key = _cost_key(target)
-    entry = {**cache.get(key, {}), **{str(k): v for k, v in cost.items()}}
-    entry["covered"] = max(int(entry.get("covered", 0)), int(covered))
+    old = {} if replace else cache.get(key, {})
+    entry = {**old, **{str(k): v for k, v in cost.items()}}
+    entry["covered"] = max(int(old.get("covered", 0)), int(covered))
     cache[key] = entry
     tmp = _cache_file().with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(cache))
@@ -117,13 +120,14 @@ def cached_verify_cost(target: Target, ks: Sequence[int] = ()) -> Optional[dict]
 
 def verify_cost_from_timings(timings: dict, upto: int) -> dict:
     """T(k) for k = 1..``upto`` from decode timings by row count (``{b: [seconds, ...]}``, e.g.
-    :func:`moa_cpp.exactness.measure_exact_rows`'s): the median per size, made non-decreasing in k
+    :func:`moa_cpp.exactness.measure_exact_rows`'s): the fastest sample per size, made non-decreasing in k
     (pool-adjacent-violators: one noisy sample must not make a longer batch look cheaper than a
     shorter one), sizes between measured ones interpolated; none beyond the largest measured."""
     ks = sorted(k for k, v in timings.items() if v and 1 <= k <= upto)
     if not ks or ks[0] != 1:
         return {}
-    med = [float(np.median(timings[k])) for k in ks]
+    # the fastest sample of each size: timing noise on a shared CPU only ever adds time
+    med = [float(np.min(timings[k])) for k in ks]
     blocks: list = []                            # [sum, count] per pooled block
     for v in med:
         blocks.append([v, 1])
@@ -142,7 +146,7 @@ def calibrate_verify_cost(target: Target, k_max: int) -> dict:
     size), so its decodes are timed instead of decoding them again; only where the exact batch
     size was known already (cached, or declared) or the search stopped at an inexact size are the
     other sizes timed on their own (2 repetitions).
-    SmolLM2-135M Q4_1 on 2 cores: ~0.5 s instead of 2.4 s."""
+    SmolLM2-135M Q4_1 on 2 cores: ~1 s instead of 2.4 s."""
     need = k_max + 1
     timings: dict = {}
     if target._max_exact_rows is None:
@@ -156,7 +160,7 @@ def calibrate_verify_cost(target: Target, k_max: int) -> dict:
         # full batches, so the policy needs them all)
         cost.update(measure_verify_cost(target, ks=missing, reps=2, use_cache=False))
         cost = verify_cost_from_timings({k: [v] for k, v in cost.items()}, need)
-    _write_cache(target, cost, need)
+    _write_cache(target, cost, need, replace=True)
     return cost
 
 
