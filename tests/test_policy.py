@@ -64,18 +64,6 @@ def test_verify_cost_from_timings_is_monotone_and_fills_gaps():
     assert pol.verify_cost_from_timings({2: [1.0]}, 8) == {}  # no one-row decode: no baseline
 
 
-def test_cached_verify_cost_covers_sizes_beyond_the_exact_batch(tmp_path, monkeypatch):
-    """A calibration for k <= 9 on a target exact to 3 rows times sizes 1..4 only: later runs
-    must take that as measured (no calibration every run) and never invent T(5..9)."""
-    monkeypatch.setenv("MOA_CPP_CACHE", str(tmp_path))
-    monkeypatch.setattr(pol, "_cost_key", lambda target: "k")
-    assert pol.cached_verify_cost(None, range(1, 10)) is None
-    pol._write_cache(None, {1: 1.0, 2: 1.5, 3: 2.0, 4: 2.6}, covered=9)
-    assert pol.cached_verify_cost(None, range(1, 10)) == {1: 1.0, 2: 1.5, 3: 2.0, 4: 2.6}
-    assert pol.cached_verify_cost(None, range(1, 17)) is None          # a wider policy measures
-    assert best_chain_length(pol.cached_verify_cost(None, range(1, 10)), [1.0] * 8, 0.0, 8)[0] <= 3
-
-
 class _FakeTarget:
     n_threads, flash_attn = 2, True
 

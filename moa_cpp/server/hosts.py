@@ -11,7 +11,6 @@ lists; ``--allowed-hosts '*'`` turns the check off. A non-loopback bind checks o
 """
 from __future__ import annotations
 
-import ipaddress
 from typing import Any, Iterable, Optional
 
 from .errors import APIError
@@ -30,12 +29,10 @@ def host_name(value: str) -> str:
 
 
 def is_loopback_name(name: str) -> bool:
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+    """The bind policy's loopback names and addresses, plus ``*.localhost`` (RFC 6761: browsers
+    resolve it to loopback)."""
+    from ..rpc import is_loopback
+    return name.endswith(".localhost") or is_loopback(name)
 
 
 def allowed_hosts(bind_host: str, listed: Iterable[str]) -> Optional[set]:

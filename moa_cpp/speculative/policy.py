@@ -90,32 +90,25 @@ def _read_cache() -> dict:
         return {}
 
 
-def _write_cache(target: Target, cost: dict, covered: int, replace: bool = False) -> None:
+def _write_cache(target: Target, cost: dict, replace: bool = False) -> None:
     """Store T(k); ``replace``: this measurement is the whole table (a calibration: never mix the
     sizes of two measurements made under different conditions), else merge it into the entry."""
     cache = _read_cache()
     key = _cost_key(target)
     old = {} if replace else cache.get(key, {})
-    entry = {**old, **{str(k): v for k, v in cost.items()}}
-    entry["covered"] = max(int(old.get("covered", 0)), int(covered))
-    cache[key] = entry
+    cache[key] = {**old, **{str(k): v for k, v in cost.items()}}
     tmp = _cache_file().with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(cache))
     os.replace(tmp, _cache_file())      # atomic: concurrent processes never read half a file
 
 
 def cached_verify_cost(target: Target, ks: Sequence[int] = ()) -> Optional[dict]:
-    """The cached T(k) of this target (model file, threads, build), or None if it was never
-    measured as far as ``ks`` reach (default: k = 1, 2). Sizes beyond the exact batch size may be
-    missing from a covered range (never verified there). Never decodes."""
+    """The cached T(k) of this target (model file, threads, build), or None if any of ``ks``
+    (default: k = 1, 2) was never measured. Never decodes."""
     entry = _read_cache().get(_cost_key(target))
-    if not isinstance(entry, dict):
+    if not isinstance(entry, dict) or not all(str(k) in entry for k in (ks or (1, 2))):
         return None
-    cost = {int(k): float(v) for k, v in entry.items() if k.isdigit()}
-    covered = max(max(cost, default=0), int(entry.get("covered", 0)))
-    if 1 not in cost or covered < max(ks or (1, 2)):
-        return None
-    return cost
+    return {int(k): float(v) for k, v in entry.items()}
 
 
 def verify_cost_from_timings(timings: dict, upto: int) -> dict:
@@ -127,9 +120,9 @@ def verify_cost_from_timings(timings: dict, upto: int) -> dict:
     if not ks or ks[0] != 1:
         return {}
     # the fastest sample of each size: timing noise on a shared CPU only ever adds time
-    med = [float(np.min(timings[k])) for k in ks]
+    fastest = [float(np.min(timings[k])) for k in ks]
     blocks: list = []                            # [sum, count] per pooled block
-    for v in med:
+    for v in fastest:
         blocks.append([v, 1])
         while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
             s_, n_ = blocks.pop()
@@ -160,7 +153,7 @@ def calibrate_verify_cost(target: Target, k_max: int) -> dict:
         # full batches, so the policy needs them all)
         cost.update(measure_verify_cost(target, ks=missing, reps=2, use_cache=False))
         cost = verify_cost_from_timings({k: [v] for k, v in cost.items()}, need)
-    _write_cache(target, cost, need, replace=True)
+    _write_cache(target, cost, replace=True)
     return cost
 
 
@@ -187,7 +180,7 @@ def measure_verify_cost(target: Target, ks=(1, 2, 3, 4, 5, 6, 7, 8, 9), reps: in
     target.clear()
     out = {k: float(np.median(v)) for k, v in times.items()}
     if use_cache:
-        _write_cache(target, out, max(ks))
+        _write_cache(target, out)
     return out
 
 
