@@ -12,9 +12,11 @@
 # BASE (default: the shipped drafter) is what runs continue from; ROUND (default c1) names this
 # round's data (SEED, default 1: ShareGPT answers no earlier round drew with its seed) and FIXED
 # (default 1300) teacher-forced answers. REPORT names bench/results/REPORT.{json,md,png}.
-# HELDOUT (default out/heldout160: the first 160 greedy answers of the seed-7 ShareGPT order; issue
-# 22's first rows used out/heldout, its first 64) is the common held-out set; every prompt the
-# shipped drafter (out/cont/base-trained-on) or any round in ROUNDS trained on is dropped from it.
+# HELDOUT is the common held-out set: greedy answers to ShareGPT prompts of the HELDOUT_SEED order.
+# From round c6 on it is out/heldout-s8 (HELDOUT_N=320 answers, seed 8, drawn after excluding every
+# prompt the shipped drafter (out/cont/base-trained-on) and the rounds in ROUNDS before this one
+# trained on, so none is dropped at scoring); rounds c1-c5 used out/heldout160 (HELDOUT=out/heldout160
+# HELDOUT_SEED=7 HELDOUT_N=160: 69 of its 160 survived the drop) and issue 22's first rows out/heldout.
 # Training is CPU-bound: run this alone (other load slows llama.cpp and torch alike).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,13 +25,16 @@ MOA=".venv/bin/moa-cpp"
 BASE=${BASE:-moa_cpp/data/moa-smollm2-135m-instruct.gguf}
 ROUND=${ROUND:-c1} SEED=${SEED:-1} FIXED=${FIXED:-1300}
 SRC=out/cont/$ROUND
-HELDOUT=${HELDOUT:-out/heldout160}
+HELDOUT=${HELDOUT:-out/heldout-s8} HELDOUT_SEED=${HELDOUT_SEED:-8} HELDOUT_N=${HELDOUT_N:-320}
 # every continuation round so far: name=seed:answers (prepare regenerates their prompt lists, ~15 s
 # each, so that scoring can drop them on a new machine)
-ROUNDS=${ROUNDS:-"c1=1:1300 c2=2:3000 c3=3:4000 c4=4:3000 c5=5:6000"}
+ROUNDS=${ROUNDS:-"c1=1:1300 c2=2:3000 c3=3:4000 c4=4:3000 c5=5:6000 c6=6:6000"}
 DATA="--target smollm2 --n-samples 0 --fixed-answers $FIXED --seed $SEED"
-# rounds after c3 never draw a held-out prompt (c1-c3 predate --exclude-prompts: scoring drops theirs)
-exclude_heldout() { case $1 in c1|c2|c3) ;; *) echo "--exclude-prompts $HELDOUT/data";; esac; }
+# rounds after c3 never draw a held-out prompt (c1-c3 predate --exclude-prompts: scoring drops theirs);
+# c4 and c5 excluded the seed-7 set's
+exclude_heldout() {
+    case $1 in c1|c2|c3) ;; c4|c5) echo "--exclude-prompts out/heldout160/data";; *) echo "--exclude-prompts $HELDOUT/data";; esac
+}
 DATA="$DATA $(exclude_heldout $ROUND)"
 declare -A FLAGS=([rewarm]="--lr 2e-3" [nowarm]="--warmup 0" [ns3]="--muon-ns-steps 3" [padlsa]="--lsa-on-padding"
                   [ce0.3]="--ce-weight 0.3" [t5]="--t-range 5 5" [lr1e-3]="--lr 1e-3" [lr5e-4]="--lr 5e-4"
@@ -47,16 +52,19 @@ score() {  # REPORT, runs...
 
 case $mode in
 prepare)
-    # the common held-out set: greedy answers to ShareGPT prompts (seed 7); issue 12 used the first 64
-    n=$([ "$HELDOUT" = out/heldout ] && echo 64 || echo 160)
-    test -f $HELDOUT/data/manifest.json || $MOA train --target smollm2 --out $HELDOUT --prompts sharegpt \
-        --seed 7 --n-samples $n --greedy-fraction 1 --data-only --data-minutes 6
     # the prompts of earlier rounds (teacher-forced answers: no generation, seconds each)
+    seen=(out/cont/base-trained-on)
     for r in $ROUNDS; do
         name=${r%%=*} spec=${r#*=}
         [ "$name" = "$ROUND" ] && break
-        test -f out/cont/$name/data-fixed/prompts.jsonl || $MOA train --target smollm2 --out out/cont/$name \
-            --n-samples 0 --fixed-answers ${spec#*:} --seed ${spec%%:*} --data-only $(exclude_heldout $name)
+        seen+=(out/cont/$name)
+        test -f out/cont/$name/data-fixed/prompts.jsonl && continue
+        excl=$(exclude_heldout $name) n=${spec#*:}
+        # the set a round excluded may be missing on a new machine: then the first n + 160 of the same
+        # seeded order (the draw minus at most 160 excluded prompts, topped up) is a superset of its prompts
+        if [ -n "$excl" ] && [ ! -f "${excl#--exclude-prompts }/manifest.json" ]; then excl="" n=$((n + 160)); fi
+        $MOA train --target smollm2 --out out/cont/$name --n-samples 0 --fixed-answers $n --seed ${spec%%:*} \
+            --data-only $excl
     done
     # what the shipped drafter trained on (a GGUF does not list its prompts): its 1,200 teacher-forced
     # answers (seed 0) and, for its 153 self-distilled answers, the first 400 ShareGPT prompts of the
@@ -73,6 +81,12 @@ with open("out/cont/base-trained-on/prompts.jsonl", "w") as f:
     for j in order[:400]:
         f.write(json.dumps({"prompt": prompts[int(j)]}) + "\n")
 EOF
+    # the common held-out set (greedy answers, ~2.5 s each); the seed-7 set predates the exclusion
+    # (scoring drops what rounds drew of it), later sets exclude every earlier round's prompts
+    excl=(); [ "$HELDOUT_SEED" = 7 ] || excl=(--exclude-prompts "${seen[@]}")
+    test -f $HELDOUT/data/manifest.json || $MOA train --target smollm2 --out $HELDOUT --prompts sharegpt \
+        --seed $HELDOUT_SEED --n-samples $HELDOUT_N --greedy-fraction 1 --data-only \
+        --data-minutes $((HELDOUT_N / 10 + 4)) "${excl[@]}"
     # this round's data and features (a 0-step continuation computes and caches the features)
     test -f $SRC/features/done.json || $MOA train $DATA --out $SRC --init-from "$BASE" --steps 0 --eval-every 0
     ;;

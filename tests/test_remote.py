@@ -229,6 +229,12 @@ def _malformed(rng: random.Random, n_vocab: int, state: dict) -> list:
                  ([1, 2, 3], [-1, 0]), ([1], [5])]
     for toks, pars in bad_trees:
         cases.append(("verify", P.MSGPACK, pack({**ok, "tokens": P.pack_i32(toks), "parents": P.pack_i16(pars)})))
+    resync = {**ok, "resync": True}
+    cases.append(("verify", P.MSGPACK, pack({**resync, "tokens": P.pack_i32([5] * 513),      # over max_resync_tokens
+                                             "parents": P.pack_i16(range(-1, 512))})))
+    cases.append(("verify", P.MSGPACK, pack({**resync, "tokens": P.pack_i32([5, 6]),         # a resync is a chain
+                                             "parents": P.pack_i16([-1, -1])})))
+    cases.append(("verify", P.MSGPACK, pack({**ok, "resync": "yes"})))
     cases.append(("verify", P.MSGPACK, pack({**ok, "tokens": b"\x01\x02\x03"})))       # not whole int32s
     cases.append(("verify", P.MSGPACK, pack({**ok, "n": state["n"] + 3})))              # state mismatch
     cases.append(("verify", P.MSGPACK, pack({**ok, "seq": 0})))                         # replayed seq
@@ -280,6 +286,65 @@ def test_malformed_protocol_messages(server, plain):
         assert g.generate(PROMPTS[1], max_tokens=24).tokens == plain.generate(PROMPTS[1], max_tokens=24).tokens
     finally:
         g.close()
+
+
+def _msg(server, sid, body: dict) -> dict:
+    st, _, raw = _verify(server, sid, P.encode_body({"v": 1, **body}, P.MSGPACK))
+    assert st == 200, raw
+    return msgpack.unpackb(raw)
+
+
+@pytest.mark.model
+def test_resync_verifies_a_long_chain_in_pieces(server, plain):
+    """A resync (spec §3.3) of 140 tokens, more than one 63-row batch, in ONE request: the server
+    verifies it in pieces up to the first rejection. Its answer equals what three ordinary verifies
+    of the same tokens answer: the same accepted count, tokens and CA rows (bit-identical: the same
+    batches); a chain wrong at token 100 stops there, the target's own token after it."""
+    prompt = plain.encode(PROMPTS[2])
+    ref = plain.generate(PROMPTS[2], max_tokens=150, ignore_eos=True).tokens
+    m = 140
+
+    def session():
+        st, _, raw = _open(server, prompt=prompt, max_tokens=160, sampling={"ignore_eos": True})
+        assert st == 200
+        r = msgpack.unpackb(raw)
+        assert r["root"] == ref[0] and r["max_resync_tokens"] == 512
+        return r
+
+    r = session()
+    one = _msg(server, r["session"], {"seq": 1, "n": r["n"], "root": r["root"], "resync": True,
+                                      "tokens": P.pack_i32(ref[1:1 + m]), "parents": P.pack_i16(range(-1, m - 1))})
+    server.request("DELETE", f"/moa/v1/sessions/{r['session']}", headers={"Authorization": f"Bearer {KEY}"})
+    assert one["accepted"] == m and np.frombuffer(one["tokens"], "<i4").tolist() == ref[1:m + 2]
+    assert one["n"] == r["n"] + m + 1 and one["root"] == ref[m + 1]
+    k1, v1, pos1 = P.decode_ca(one["ca"], one["ca"]["heads"], one["ca"]["dim"], 1 << 12)
+    assert pos1 == r["n"] and len(k1) == m + 1
+
+    r = session()                                   # the same tokens as ordinary verifies of 62
+    n, root, seq, ks, vs, toks = r["n"], r["root"], 1, [], [], []
+    i = 1
+    while i < 1 + m:
+        part = ref[i: min(i + 62, 1 + m)]
+        a = _msg(server, r["session"], {"seq": seq, "n": n, "root": root, "tokens": P.pack_i32(part),
+                                        "parents": P.pack_i16(range(-1, len(part) - 1))})
+        assert a["accepted"] == len(part)
+        k, v, _ = P.decode_ca(a["ca"], a["ca"]["heads"], a["ca"]["dim"], 1 << 12)
+        ks.append(k), vs.append(v)
+        toks += np.frombuffer(a["tokens"], "<i4").tolist()
+        n, root, seq, i = a["n"], a["root"], seq + 1, i + len(part) + 1
+    assert toks[:m + 1] == ref[1:m + 2]
+    k3, v3 = np.concatenate(ks)[:m + 1], np.concatenate(vs)[:m + 1]
+    assert np.array_equal(k1, k3) and np.array_equal(v1, v3)
+    server.request("DELETE", f"/moa/v1/sessions/{r['session']}", headers={"Authorization": f"Bearer {KEY}"})
+
+    r = session()                                   # wrong at token 100: stops there
+    bad = list(ref[1:1 + m])
+    bad[99] = (bad[99] + 1) % 49152
+    a = _msg(server, r["session"], {"seq": 1, "n": r["n"], "root": r["root"], "resync": True,
+                                    "tokens": P.pack_i32(bad), "parents": P.pack_i16(range(-1, m - 1))})
+    assert a["accepted"] == 99 and np.frombuffer(a["tokens"], "<i4").tolist() == ref[1:101]
+    assert a["drafted"] <= 2 * 62
+    server.request("DELETE", f"/moa/v1/sessions/{r['session']}", headers={"Authorization": f"Bearer {KEY}"})
 
 
 @pytest.mark.model

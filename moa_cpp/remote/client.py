@@ -448,7 +448,7 @@ class _Run:
     exactly once.
     """
 
-    MAX_CHAIN = 62          # tokens per verify of an unverified tail (a 63-row batch)
+    MAX_CHAIN = 62          # tokens per verify of an unverified tail where the server has no resync
 
     def __init__(self, gen: "RemoteGenerator", prompt: list, max_tokens: int, sampling: dict,
                  on_event: Optional[Callable]) -> None:
@@ -460,6 +460,7 @@ class _Run:
         self.unverified: list = []
         self.feed: list = list(prompt)
         self.sid: Optional[str] = None
+        self.max_resync = 0     # the server's max_resync_tokens (0: it verifies no resync chains)
         self.seq = 0
         self.n = 0
         self.done = False
@@ -518,6 +519,8 @@ class _Run:
             raise
         r = self.g.checked(r)
         self.sid = r["session"]
+        m = r.get("max_resync_tokens")
+        self.max_resync = m if isinstance(m, int) and not isinstance(m, bool) and 0 < m <= 1 << 16 else 0
         if replay:
             self.st.reopen_calls += 1
         else:
@@ -578,7 +581,9 @@ class _Run:
         g = self.g
         t_cycle, t_draft, resync = time.perf_counter(), 0.0, bool(self.unverified)
         if self.unverified:
-            toks = self.unverified[: self.MAX_CHAIN]
+            # the unverified tail as one resync (the server verifies it in batch-sized pieces), or
+            # in 62-token verifies where the server has no resync
+            toks = self.unverified[: self.max_resync or self.MAX_CHAIN]
             prop_tokens, prop_parents = toks, list(range(-1, len(toks) - 1))
         else:
             t = time.perf_counter()
@@ -590,6 +595,8 @@ class _Run:
         self.seq += 1
         msg = {"v": P.VERSION, "seq": self.seq, "n": self.n, "root": self.root,
                "tokens": P.pack_i32(prop_tokens), "parents": P.pack_i16(prop_parents)}
+        if resync and self.max_resync:
+            msg["resync"] = True
         try:
             r = self._call("POST", f"/moa/v1/sessions/{self.sid}/verify", msg)
         except Unavailable:

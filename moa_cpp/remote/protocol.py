@@ -215,6 +215,11 @@ def get_bool(msg: dict, key: str, default: bool = False) -> bool:
     return v
 
 
+def is_chain(parents: np.ndarray) -> bool:
+    """True if ``parents`` is a chain's: -1, 0, 1, ... (each node the child of the one before)."""
+    return bool(np.array_equal(parents, np.arange(-1, parents.size - 1)))
+
+
 def check_tree(tokens: np.ndarray, parents: np.ndarray, n_vocab: int, max_nodes: int, max_depth: int = 16) -> None:
     """Token ids in the vocabulary; parents precede children (so no cycles); depth bounded."""
     if tokens.size != parents.size:

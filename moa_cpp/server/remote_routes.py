@@ -25,7 +25,8 @@ from ..speculative.types import SamplingParams
 from .auth import offered_key
 from .bundle_routes import BundleAPI
 from .errors import APIError
-from .remote_sessions import RemoteSession, check_state, new_session, open_generation, rewind, verify_cycle
+from .remote_sessions import (RemoteSession, check_state, new_session, open_generation, resync_chain, rewind,
+                              verify_cycle)
 
 MAX_PROMPT = 1 << 16
 DECODE_INLINE = 64 << 10       # bytes decoded on the event loop; larger bodies in a thread
@@ -133,6 +134,7 @@ class RemoteAPI:
                              "tli": m.tli if m else None,
                              "bundle_id": await self.bundle.bundle_id_async(),
                              "limits": {"max_tree_nodes": self.srv.settings.max_tree_nodes,
+                                        "max_resync_tokens": self.srv.settings.max_resync_tokens,
                                         "max_body_bytes": self.srv.settings.max_body_bytes}})
 
     async def open(self, request: Request) -> Response:
@@ -198,6 +200,7 @@ class RemoteAPI:
             rs.progressed()
             if rs.g.finished:
                 self._close(rs)
+        out["max_resync_tokens"] = self.srv.settings.max_resync_tokens
         return self._reply(out, ctype)
 
     async def verify(self, request: Request) -> Response:
@@ -210,10 +213,14 @@ class RemoteAPI:
                 seq = P.get_int(msg, "seq", 0, 2 ** 62)
                 n = P.get_int(msg, "n", 0, 2 ** 31)
                 root = P.get_int(msg, "root", 0, 2 ** 31)
-                nodes = self.srv.settings.max_tree_nodes
+                resync = P.get_bool(msg, "resync", False)
+                st = self.srv.settings
+                nodes = st.max_resync_tokens if resync else st.max_tree_nodes
                 tokens = P.unpack_ints(msg.get("tokens", b""), "<i4", "tokens", nodes)
                 parents = P.unpack_ints(msg.get("parents", b""), "<i2", "parents", nodes)
-                P.check_tree(tokens, parents, rs.loop.target.n_vocab, nodes, max_depth=nodes)  # resync: a long chain
+                P.check_tree(tokens, parents, rs.loop.target.n_vocab, nodes, max_depth=nodes)
+                if resync and not P.is_chain(parents):
+                    raise P.ProtocolError("a resync verifies a chain: parents must be -1, 0, 1, ...", "invalid_tree", 422)
                 behind = check_state(rs, seq, n, root)
             except P.ProtocolError as e:
                 raise _err(e) from None
@@ -221,7 +228,7 @@ class RemoteAPI:
             try:
                 if behind:                      # its last answer was lost: redo from n
                     await self._run(rewind, rs, n)
-                out = await self._run(verify_cycle, rs, tokens, parents)
+                out = await self._run(resync_chain if resync else verify_cycle, rs, tokens, parents)
             except APIError:
                 raise
             except Exception:

@@ -154,8 +154,9 @@ def rewind(rs: RemoteSession, n: int) -> None:
     del rs.history[n + 1:]
 
 
-def verify_cycle(rs: RemoteSession, tokens: np.ndarray, parents: np.ndarray) -> dict:
-    """One cycle on the client's proposal. Runs in a worker thread."""
+def verify_cycle(rs: RemoteSession, tokens: np.ndarray, parents: np.ndarray, answer: bool = True) -> dict:
+    """One cycle on the client's proposal. Runs in a worker thread. ``answer=False``: the step's
+    counts and emitted tokens only (a resync piece; its CA stays queued for the answer)."""
     rs.proposer.next = proposal_from(tokens, parents)
     verdicts: list = []
     rs.loop.on_cycle = lambda pos, root, proposal, scores, verdict: verdicts.append(verdict)
@@ -168,9 +169,49 @@ def verify_cycle(rs: RemoteSession, tokens: np.ndarray, parents: np.ndarray) -> 
     for v in verdicts:                        # positions n+1 .. n+a+1 (emitted or not)
         rs.history.extend(int(x) for x in v.tokens)
         rs.history.append(int(v.bonus))
-    return _answer(rs, r, {"accepted": r.accepted, "drafted": r.drafted,
-                           "timing": {"decode_ms": 1000 * (time.perf_counter() - t),
-                                      "lsa_ms": 1000 * rs.proposer.lsa_s}})
+    extra = {"accepted": r.accepted, "drafted": r.drafted,
+             "timing": {"decode_ms": 1000 * (time.perf_counter() - t), "lsa_ms": 1000 * rs.proposer.lsa_s}}
+    if not answer:
+        return {**extra, "tokens": [int(x) for x in r.tokens]}
+    return _answer(rs, r, extra)
+
+
+def resync_chain(rs: RemoteSession, tokens: np.ndarray, parents: np.ndarray) -> dict:
+    """A resync (spec §3.3): the client's unverified chain u_1..u_m, verified in pieces of at most
+    ``_CLIENT_SHAPE.total`` drafts (one batch each), up to the first rejection. A piece accepted
+    whole ends in the target's own next token; where that is the chain's next token, the chain goes
+    on from it (under sampling too: a point-mass draft is accepted with probability p(u), the
+    probability that the sampled token is u). The answer is one verify's: accepted counts the
+    chain's tokens the target confirmed, tokens are those and the target's token after them."""
+    chain = [int(x) for x in tokens]
+    piece = _CLIENT_SHAPE.total
+    accepted = drafted = 0
+    emitted: list = []
+    decode_ms = lsa_ms = 0.0
+    while True:
+        part, chain = chain[:piece], chain[piece:]
+        out = verify_cycle(rs, np.asarray(part, np.int32), np.arange(-1, len(part) - 1, dtype=np.int16),
+                           answer=False)
+        a = out["accepted"]
+        accepted += a
+        drafted += out["drafted"]
+        emitted += out["tokens"]
+        decode_ms += out["timing"]["decode_ms"]
+        lsa_ms += out["timing"]["lsa_ms"]
+        if a < len(part) or not chain or rs.g.finished or rs.g.root != chain[0]:
+            break
+        accepted += 1                          # the target's own token is the chain's next one
+        chain = chain[1:]
+        if not chain:
+            break
+    return _answer(rs, _Emitted(emitted), {"accepted": accepted, "drafted": drafted,
+                                           "timing": {"decode_ms": decode_ms, "lsa_ms": lsa_ms}})
+
+
+@dataclass
+class _Emitted:
+    """What :func:`_answer` reads of a step result."""
+    tokens: list
 
 
 def check_state(rs: RemoteSession, seq: int, n: int, root: int) -> bool:

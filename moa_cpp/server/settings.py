@@ -36,6 +36,7 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     max_tokens_limit: Optional[int] = None  # None: the context size
     max_tree_nodes: int = 62
+    max_resync_tokens: int = 512            # a resync verify's chain, consumed in max_tree_nodes pieces
     max_chain: int = 16
     retry_after_s: int = 1
     body_timeout_s: float = 30.0
@@ -105,6 +106,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest max_tokens a request may ask (default: the context size)")
     p.add_argument("--max-tree-nodes", type=_positive, default=62,
                    help="largest tree a request's moa.draft may ask (default 62)")
+    p.add_argument("--max-resync-tokens", type=_positive, default=512,
+                   help="longest unverified chain a client-server resync may send in one verify (default 512; "
+                        "the server verifies it in pieces of --max-tree-nodes)")
     p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a client has to send its request body (default 30)")
     p.add_argument("--header-timeout", dest="head_timeout", type=float, default=10.0, metavar="S",
@@ -140,6 +144,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           draft_min=args.draft_min,
                           model_alias=args.model_alias, max_body_bytes=args.max_body_bytes,
                           max_tokens_limit=args.max_tokens_limit, max_tree_nodes=args.max_tree_nodes,
+                          max_resync_tokens=args.max_resync_tokens,
                           body_timeout_s=args.body_timeout, idle_timeout_s=args.idle_timeout,
                           head_timeout_s=args.head_timeout, max_connections=args.max_connections,
                           max_sessions_per_key=args.max_sessions_per_key,
