@@ -134,6 +134,14 @@ def test_auth(server, client):
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
     assert [m.id for m in client.models.list()] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    # without --metrics (llama-server's default too): 501 naming the flag, behind the key all the same
+    assert server.request("GET", "/metrics")[0] == 401
+    st, _, err = server.request("GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert st == 501 and "--metrics" in err["error"]["message"]
+    # without --cors-origins: no CORS headers, and a preflight is just an unknown method
+    st, hdr, _ = server.request("OPTIONS", "/v1/completions", headers={"Origin": "http://x.example",
+                                                                     "Access-Control-Request-Method": "POST"})
+    assert st in (401, 405) and "access-control-allow-origin" not in hdr
 
 
 def _closed_by_peer(sock) -> bool:

@@ -1,12 +1,14 @@
 """The Starlette app: OpenAI-compatible routes over the session pool.
 
 ``GET /health`` (no key), ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions`` (non-streaming and SSE streaming, ``data: [DONE]``). Every
-failure is OpenAI's JSON error shape; nothing a client sends can stop the server.
+``POST /v1/chat/completions`` (non-streaming and SSE streaming, ``data: [DONE]``), llama-server's
+``/tokenize``, ``/detokenize``, ``/apply-template`` (extras.py) and ``/metrics`` (metrics.py), the
+MoA client-server protocol (remote_routes.py). Every failure is OpenAI's JSON error shape;
+nothing a client sends can stop the server. Middleware, outermost first: Host check, CORS (with
+``--cors-origins``), API key.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -23,8 +25,11 @@ from starlette.routing import Route
 from ..errors import MoaError
 from ..generator import parse_draft
 from .auth import KeyChecker, offered_key
+from .body import read_json_body, until_disconnect
 from .errors import APIError, bad_request
+from .extras import TextUtilities
 from .hosts import HostMiddleware, allowed_hosts
+from .metrics import ServerMetrics
 from .remote_routes import RemoteAPI
 from .schemas import ChatRequest, CompletionRequest, parse_body
 from .sessions import SessionPool, model_id
@@ -32,11 +37,6 @@ from .settings import ServerSettings
 from .worker import GenParams, Job
 
 log = logging.getLogger("moa_cpp.server")
-
-# A body larger than the limit is read and dropped (not kept) up to this many bytes so that the
-# client, still sending, gets the 413 instead of a reset connection.
-_DRAIN_MAX = 64 << 20
-
 
 class AuthMiddleware:
     """API key on every route but /health (pure ASGI: streaming responses pass untouched)."""
@@ -70,6 +70,7 @@ class Server:
         self.spec_type = gen.spec_type
         self.n_ctx = gen.target.n_ctx
         self.max_tokens_limit = settings.max_tokens_limit or self.n_ctx
+        self.metrics = ServerMetrics(self, settings.metrics)
 
     def shutdown(self) -> None:
         """End open generations (streams send their last chunk and [DONE]) and refuse new ones."""
@@ -109,67 +110,6 @@ class Server:
                          req.stops, self._draft_override(req), req.ignore_eos)
 
 
-async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
-    """A JSON body (415 otherwise), at most ``limit`` bytes, within ``timeout_s``."""
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype != "application/json":
-        raise APIError(415, f"Content-Type must be application/json (got {ctype or 'none'})",
-                       code="unsupported_media_type")
-    return await _read_body_raw(request, limit, timeout_s)
-
-
-async def _read_body_raw(request: Request, limit: int, timeout_s: float) -> bytes:
-    """The body, at most ``limit`` bytes, within ``timeout_s`` (a client that trickles or never
-    finishes its body holds a connection, never a session)."""
-    try:
-        return await asyncio.wait_for(_read_body_now(request, limit), timeout_s)
-    except asyncio.TimeoutError:
-        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s", code="timeout") from None
-
-
-async def _read_body_now(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and not declared.strip().isdigit():
-        raise bad_request("invalid Content-Length header")
-    chunks, n = [], 0
-    async for chunk in request.stream():
-        n += len(chunk)
-        if n <= limit:
-            chunks.append(chunk)
-        elif n > _DRAIN_MAX:
-            break
-    if n > limit:
-        raise APIError(413, f"the request body is larger than {limit} bytes (--max-body-bytes)",
-                       code="request_too_large")
-    return b"".join(chunks)
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        msg = await request.receive()
-        if msg["type"] == "http.disconnect":
-            return
-
-
-async def _until_disconnect(request: Request, aw: Any) -> Any:
-    """Await ``aw``; if the client leaves first, cancel it and raise ClientDisconnect (answered
-    quietly by the app, not logged as an error: a client leaving is not a server failure)."""
-    task = asyncio.ensure_future(aw)
-    gone = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel()
-        try:
-            await task
-        except BaseException:
-            pass
-        raise ClientDisconnect()
-    finally:
-        gone.cancel()
-
-
 def _error_of(exc: BaseException) -> APIError:
     if isinstance(exc, APIError):
         return exc
@@ -190,6 +130,7 @@ class _Completion:
 
     def __init__(self, srv: Server, chat: bool, params: GenParams) -> None:
         self.chat = chat
+        self.route = "chat" if chat else "completions"
         self.id = (f"chatcmpl-{uuid.uuid4().hex}" if chat else f"cmpl-{uuid.uuid4().hex}")
         self.created = int(time.time())
         self.model = srv.model
@@ -226,16 +167,16 @@ def _sse(obj: Any) -> bytes:
 
 
 async def _generate(srv: Server, request: Request, model: type, chat: bool) -> Response:
-    body = await _read_body(request, srv.settings.max_body_bytes, srv.settings.body_timeout_s)
+    body = await read_json_body(request, srv.settings.max_body_bytes, srv.settings.body_timeout_s)
     req = parse_body(body, model)
     params = srv.params(req, chat)
     out = _Completion(srv, chat, params)
-    session = await _until_disconnect(request, srv.pool.acquire())
+    session = await until_disconnect(request, srv.pool.acquire())
     job = Job(session, params, srv.pool.release)
     srv.jobs.add(job)
     try:
         job.start(srv.executor)
-        ev = await _until_disconnect(request, job.events.get())
+        ev = await until_disconnect(request, job.events.get())
         if ev[0] == "error":
             raise _error_of(ev[1])
         out.n_prompt = ev[1]
@@ -248,7 +189,7 @@ async def _generate(srv: Server, request: Request, model: type, chat: bool) -> R
         return _JobStream(srv, job, _stream(srv, job, out, include_usage), media_type="text/event-stream",
                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
-        return JSONResponse(await _until_disconnect(request, _collect(job, out)))
+        return JSONResponse(await until_disconnect(request, _collect(srv, job, out)))
     finally:
         job.cancel()
         srv.jobs.discard(job)
@@ -271,7 +212,7 @@ class _JobStream(StreamingResponse):
             self._srv.jobs.discard(self._job)
 
 
-async def _collect(job: Job, out: _Completion) -> dict:
+async def _collect(srv: Server, job: Job, out: _Completion) -> dict:
     pieces, n = [], 0
     while True:
         ev = await job.events.get()
@@ -279,6 +220,7 @@ async def _collect(job: Job, out: _Completion) -> dict:
             n += len(ev[1])
             pieces.append(ev[2])
         elif ev[0] == "done":
+            srv.metrics.observe(out.route, ev[1])
             return out.whole("".join(pieces), n, ev[1].finish_reason or "length", ev[1])
         elif ev[0] == "cancelled":
             raise APIError(503, "the server is shutting down; the generation was stopped", code="server_shutdown")
@@ -306,6 +248,7 @@ async def _stream(srv: Server, job: Job, out: _Completion, include_usage: bool) 
             last = out.chunk(None, finish=(stats.finish_reason or "length") if stats else "abort")
             if stats is not None:
                 last["moa"] = _moa(stats, out.draft)
+                srv.metrics.observe(out.route, stats)
             yield _sse(last)
             if include_usage:
                 yield _sse({**out._head(True), "choices": [], "usage": out.usage(n)})
@@ -355,11 +298,20 @@ def create_app(settings: ServerSettings, sessions: list) -> Starlette:
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        *TextUtilities(srv).routes(),
+        *srv.metrics.routes(),
         *RemoteAPI(srv).routes(),
     ], exception_handlers={APIError: api_error, HTTPException: http_error,
                            ClientDisconnect: client_gone, Exception: server_error})
     app.state.server = srv
     app.add_middleware(AuthMiddleware, checker=KeyChecker(settings.api_keys))
+    if settings.cors_origins:
+        # outside the key check: a browser's preflight carries no key; keys travel only in headers
+        # (no cookies), so credentials stay off
+        from starlette.middleware.cors import CORSMiddleware
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_credentials=False,
+                           allow_methods=["GET", "POST", "DELETE"],
+                           allow_headers=["Authorization", "Content-Type", "X-Api-Key"], max_age=600)
     # outermost (added last): a rebinding page learns nothing, not even whether a key is needed
     app.add_middleware(HostMiddleware, allowed=allowed_hosts(settings.host, settings.allowed_hosts))
     return app

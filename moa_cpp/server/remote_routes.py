@@ -23,6 +23,7 @@ from starlette.routing import Route
 from ..remote import protocol as P
 from ..speculative.types import SamplingParams
 from .auth import offered_key
+from .body import read_body, until_disconnect
 from .bundle_routes import BundleAPI
 from .errors import APIError
 from .remote_sessions import (RemoteSession, check_state, new_session, open_generation, resync_chain, rewind,
@@ -55,9 +56,8 @@ class RemoteAPI:
     # ------------------------------------------------------------------ helpers
 
     async def _body(self, request: Request) -> tuple:
-        from .app import _read_body_raw
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        body = await _read_body_raw(request, self.srv.settings.max_body_bytes, self.srv.settings.body_timeout_s)
+        body = await read_body(request, self.srv.settings.max_body_bytes, self.srv.settings.body_timeout_s)
         try:
             if len(body) <= DECODE_INLINE:        # a cycle's body: microseconds, no thread hop
                 return P.decode_body(body, ctype, self.srv.settings.max_body_bytes), ctype
@@ -174,11 +174,10 @@ class RemoteAPI:
             raise APIError(429, f"this key already holds {held} session(s) (--max-sessions-per-key {limit}): close one "
                                 "(DELETE /moa/v1/sessions/ID) or let it finish", code="too_many_sessions",
                            headers={"Retry-After": str(self.srv.settings.retry_after_s)})
-        from .app import _until_disconnect
         self.opening[owner] = self.opening.get(owner, 0) + 1
         try:
             # a client that leaves while queued must not be served (and hold a session) later
-            pool_session = await _until_disconnect(request, self.srv.pool.acquire())
+            pool_session = await until_disconnect(request, self.srv.pool.acquire())
         finally:
             self.opening[owner] -= 1
             if not self.opening[owner]:

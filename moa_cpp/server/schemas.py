@@ -4,13 +4,19 @@ Fields and defaults follow OpenAI and llama-cpp-python's server (temperature 0.8
 top_k 40; completions: max_tokens 16). Types are strict (``"5"`` is not a number), numbers must
 be finite and in range, and an unknown field is an error, as OpenAI answers ("Unrecognized
 request argument"). OpenAI fields this server does not implement are accepted only at their
-no-op values (n=1, echo=false, penalties 0, no logprobs, no logit_bias).
+no-op values (n=1, echo=false, penalties 0, no logprobs, no logit_bias). llama.cpp server fields
+are accepted where they are implemented (top_k, ignore_eos) or only hints (cache_prompt), at
+their no-op values where not implemented yet (n_probs 0, repeat_penalty 1, typical_p 1, tfs_z 1,
+mirostat 0); ``grammar``, ``json_schema`` and a ``response_format`` other than text are refused
+with ``unsupported_parameter`` (defined, not built yet), unlike fields nobody defines
+(``unknown_parameter``).
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from ..generator import parse_draft
 from .errors import APIError, bad_request
@@ -64,6 +70,34 @@ class _Sampling(BaseModel):
     # llama.cpp server's field: never stop at an end-of-generation token (run to max_tokens)
     ignore_eos: bool = False
     moa: Optional[MoaOptions] = None
+    # llama.cpp server's fields: a hint (each request is decoded whole today), no-op values
+    cache_prompt: bool = True
+    n_probs: Annotated[int, Field(ge=0, le=0)] = 0
+    repeat_penalty: Annotated[float, Field(ge=1.0, le=1.0)] = 1.0
+    repeat_last_n: Annotated[int, Field(ge=-1, le=2 ** 31 - 1)] = 64
+    typical_p: Annotated[float, Field(ge=1.0, le=1.0)] = 1.0
+    tfs_z: Annotated[float, Field(ge=1.0, le=1.0)] = 1.0
+    mirostat: Annotated[int, Field(ge=0, le=0)] = 0
+    # structured output: defined by OpenAI / llama.cpp, not built here yet
+    grammar: Optional[Any] = None
+    json_schema: Optional[Any] = None
+    response_format: Optional[Any] = None
+
+    @field_validator("grammar", "json_schema")
+    @classmethod
+    def _unsupported(cls, v: Any, info: Any) -> Any:
+        if v is not None:
+            raise PydanticCustomError("unsupported", f"{info.field_name}: structured output is not supported by "
+                                      "this server yet")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, v: Any) -> Any:
+        if v is not None and v != {"type": "text"}:
+            raise PydanticCustomError("unsupported", "response_format: only {\"type\": \"text\"} is supported by "
+                                      "this server yet (no json_object / json_schema)")
+        return v
 
     @property
     def stops(self) -> list:
@@ -144,6 +178,8 @@ def parse_body(body: bytes, model: type) -> BaseModel:
         if kind == "extra_forbidden":
             raise bad_request(f"Unrecognized request argument supplied: {loc}", param=loc,
                               code="unknown_parameter") from None
+        if kind == "unsupported":
+            raise bad_request(err.get("msg", f"{loc}: not supported"), param=loc, code="unsupported_parameter") from None
         if kind == "missing":
             raise bad_request(f"missing required parameter: {loc}", param=loc, code="missing_parameter") from None
         raise bad_request(f"invalid value for {loc or 'the body'}: {err.get('msg', 'invalid')}", param=loc or None,

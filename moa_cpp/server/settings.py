@@ -36,6 +36,8 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     max_tokens_limit: Optional[int] = None  # None: the context size
     max_tree_nodes: int = 62
+    metrics: bool = False                   # GET /metrics (llama-server's --metrics)
+    cors_origins: tuple = ()                # origins a browser page may call from ("*": any)
     max_resync_tokens: int = 512            # a resync verify's chain, consumed in max_tree_nodes pieces
     max_chain: int = 16
     retry_after_s: int = 1
@@ -81,6 +83,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-hosts", metavar="NAME,...", default="",
                    help="Host header names served besides localhost names on a loopback bind (DNS rebinding "
                         "protection; '*' serves any); on another bind, the only names served if given")
+    p.add_argument("--cors-origins", metavar="ORIGIN,...", default="",
+                   help="browser origins allowed to call the API (e.g. http://localhost:3000; '*': any): CORS "
+                        "headers and preflights; keys still required (sent as headers, never cookies)")
+    p.add_argument("--metrics", action="store_true",
+                   help="serve Prometheus metrics at GET /metrics (llama-server's flag; behind the API key)")
     p.add_argument("-np", "--parallel", type=_positive, default=1,
                    help="concurrent generations: sessions (context + drafter state) allocated at start (default 1)")
     p.add_argument("--queue", type=_non_negative, default=16,
@@ -149,4 +156,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           head_timeout_s=args.head_timeout, max_connections=args.max_connections,
                           max_sessions_per_key=args.max_sessions_per_key,
                           bundle=getattr(args, "bundle", None),
-                          allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip()))
+                          allowed_hosts=_names(args.allowed_hosts), cors_origins=_names(args.cors_origins),
+                          metrics=args.metrics)
+
+
+def _names(csv: str) -> tuple:
+    return tuple(h.strip() for h in csv.split(",") if h.strip())

@@ -1,0 +1,148 @@
+"""What llama.cpp clients and browser pages call besides the completion routes (issue 25 item 5),
+on a real `moa-cpp serve` over loopback: llama-server's /tokenize, /detokenize, /apply-template
+(checked against llama-cpp-python's tokenizer and the chat route's own prompt count), /metrics
+in Prometheus format (its counters equal the responses' usage and speculation stats), CORS
+(preflight without a key, only listed origins, no credentials), and llama.cpp's request fields
+(hints and no-op values accepted, structured output refused as unsupported, unknown fields as
+unknown)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from server_proc import ServerProc
+
+pytestmark = pytest.mark.model
+pytest.importorskip("prometheus_client")
+
+KEY = "extras-key-1"
+ORIGIN = "http://page.example:3000"
+CHAT = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name two colors."}],
+        "max_tokens": 12, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    keys = tmp_path_factory.mktemp("k") / "keys"
+    keys.write_text(KEY + "\n")
+    keys.chmod(0o600)
+    srv = ServerProc("--api-key-file", str(keys), "--metrics", "--cors-origins", ORIGIN, "--draft", "chain:3")
+    yield srv
+    assert srv.terminate() == 0
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    from llama_cpp import Llama
+
+    from moa_cpp import defaults
+    return Llama(model_path=defaults.default_target(), vocab_only=True, verbose=False)
+
+
+def test_tokenize_detokenize_as_llama_server(server, vocab):
+    text = "Hello world! Ünïcode and <|im_start|> tokens, 123."
+    st, _, r = server.post("/tokenize", {"content": text}, key=KEY)
+    assert st == 200
+    assert r["tokens"] == vocab.tokenize(text.encode(), add_bos=False, special=True)   # parse_special defaults on
+    st, _, r2 = server.post("/tokenize", {"content": text, "parse_special": False, "add_special": True}, key=KEY)
+    assert st == 200 and r2["tokens"] == vocab.tokenize(text.encode(), add_bos=True, special=False)
+    st, _, p = server.post("/tokenize", {"content": text, "with_pieces": True}, key=KEY)
+    assert st == 200 and [t["id"] for t in p["tokens"]] == r["tokens"]
+    # pieces are text, or byte lists where a piece is not UTF-8 alone; together they are the input
+    raw = b"".join(t["piece"].encode() if isinstance(t["piece"], str) else bytes(t["piece"]) for t in p["tokens"])
+    assert raw.decode() == text
+    st, _, d = server.post("/detokenize", {"tokens": r["tokens"]}, key=KEY)
+    assert st == 200 and d["content"] == text
+    # ids outside the vocabulary would abort llama.cpp: refused, and the server lives on
+    for bad in ([vocab.n_vocab()], [-1], ["x"], 5):
+        st, _, e = server.post("/detokenize", {"tokens": bad}, key=KEY)
+        assert st == 400 and e["error"]["param"].startswith("tokens"), (bad, e)
+    assert server.post("/tokenize", {"content": "x", "extra": 1}, key=KEY)[0] == 400
+    assert server.post("/tokenize", {"content": "x"})[0] == 401
+    assert server.health() == 200
+
+
+def test_apply_template_is_what_chat_completions_decodes(server):
+    st, _, t = server.post("/apply-template", {"messages": CHAT["messages"]}, key=KEY)
+    assert st == 200 and "Name two colors." in t["prompt"] and "Be brief." in t["prompt"]
+    st, _, ids = server.post("/tokenize", {"content": t["prompt"]}, key=KEY)
+    st, _, r = server.post("/v1/chat/completions", CHAT, key=KEY)
+    assert st == 200 and r["usage"]["prompt_tokens"] == len(ids["tokens"])
+
+
+def _metrics(server) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+    st, h, raw = server.request("GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert st == 200 and h["content-type"].startswith("text/plain")
+    out = {}
+    for fam in text_string_to_metric_families(raw.decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_metrics_count_what_the_responses_report(server):
+    assert server.request("GET", "/metrics")[0] == 401               # behind the key
+    before = _metrics(server)
+    got = [server.post("/v1/chat/completions", {**CHAT, "max_tokens": n}, key=KEY)[2] for n in (8, 16)]
+    got.append(server.post("/v1/completions", {"prompt": "1, 2, 3, 4,", "max_tokens": 10, "temperature": 0},
+                           key=KEY)[2])
+    after = _metrics(server)
+
+    def delta(name, **labels):
+        k = (name, tuple(sorted(labels.items())))
+        return after.get(k, 0.0) - before.get(k, 0.0)
+    assert delta("llamacpp:tokens_predicted_total") == sum(r["usage"]["completion_tokens"] for r in got)
+    assert delta("llamacpp:prompt_tokens_total") == sum(r["usage"]["prompt_tokens"] for r in got)
+    assert delta("llamacpp:n_decode_total") >= sum(r["moa"]["target_calls"] for r in got)
+    assert delta("moa:requests_total", route="chat", finish_reason="length") + \
+        delta("moa:requests_total", route="chat", finish_reason="stop") == 2
+    assert delta("moa:requests_total", route="completions", finish_reason="length") + \
+        delta("moa:requests_total", route="completions", finish_reason="stop") == 1
+    for src in {s for r in got for s in r["moa"]["by_source"]}:
+        assert delta("moa:spec_decode_num_draft_tokens_total", proposer=src) == \
+            sum(r["moa"]["by_source"].get(src, {}).get("proposed", 0) for r in got)
+        assert delta("moa:spec_decode_num_accepted_tokens_total", proposer=src) == \
+            sum(r["moa"]["by_source"].get(src, {}).get("accepted", 0) for r in got)
+    assert after[("moa:spec_decode_tau", ())] >= 1.0
+    # the gauges: a session is given back when its thread lets go, just after the answer
+    deadline = time.monotonic() + 10
+    while _metrics(server)[("llamacpp:requests_processing", ())] != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert _metrics(server)[("llamacpp:requests_deferred", ())] == 0
+
+
+def test_cors_preflight_and_origins(server):
+    pre = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "authorization, content-type"}
+    st, h, _ = server.request("OPTIONS", "/v1/chat/completions", headers=pre)        # no key: a preflight has none
+    assert st == 200 and h["access-control-allow-origin"] == ORIGIN
+    assert "authorization" in h["access-control-allow-headers"].lower()
+    assert "access-control-allow-credentials" not in h                             # keys by header, never cookies
+    st, h, _ = server.request("OPTIONS", "/v1/chat/completions", headers={**pre, "Origin": "http://evil.example"})
+    assert st == 400 and "access-control-allow-origin" not in h
+    st, h, r = server.post("/v1/chat/completions", CHAT, key=KEY, headers={"Origin": ORIGIN})
+    assert st == 200 and h["access-control-allow-origin"] == ORIGIN
+    st, h, _ = server.post("/v1/chat/completions", CHAT, headers={"Origin": ORIGIN})
+    assert st == 401                                                               # still needs the key
+    st, h, _ = server.post("/v1/chat/completions", CHAT, key=KEY, headers={"Origin": "http://evil.example"})
+    assert "access-control-allow-origin" not in h                                   # the browser will not read it
+
+
+def test_llama_cpp_request_fields(server):
+    base = server.post("/v1/chat/completions", CHAT, key=KEY)[2]["choices"][0]["message"]["content"]
+    hints = {"cache_prompt": True, "n_probs": 0, "repeat_penalty": 1.0, "repeat_last_n": 64, "typical_p": 1.0,
+             "tfs_z": 1.0, "mirostat": 0, "top_k": 40, "response_format": {"type": "text"}}
+    st, _, r = server.post("/v1/chat/completions", {**CHAT, **hints}, key=KEY)
+    assert st == 200 and r["choices"][0]["message"]["content"] == base
+    for field, value in (("grammar", 'root ::= "a"'), ("json_schema", {"type": "object"}),
+                         ("response_format", {"type": "json_object"})):
+        st, _, e = server.post("/v1/chat/completions", {**CHAT, field: value}, key=KEY)
+        assert st == 400 and e["error"]["code"] == "unsupported_parameter" and e["error"]["param"] == field, e
+    for field, value in (("n_probs", 5), ("repeat_penalty", 1.1), ("mirostat", 2)):
+        st, _, e = server.post("/v1/chat/completions", {**CHAT, field: value}, key=KEY)
+        assert st == 400 and e["error"]["param"] == field
+    st, _, e = server.post("/v1/chat/completions", {**CHAT, "no_such_field": 1}, key=KEY)
+    assert st == 400 and e["error"]["code"] == "unknown_parameter"
