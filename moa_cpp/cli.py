@@ -43,9 +43,11 @@ def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    p.subcommand_parsers = {}             # name -> its parser (llama.cpp-style flag checks)
 
     for name, module, help_text in SUBCOMMANDS:
         c = sub.add_parser(name, help=help_text, allow_abbrev=False)
+        p.subcommand_parsers[name] = c
         if command is not None and name != command:
             continue
         mod = importlib.import_module(module, __package__)
@@ -62,7 +64,11 @@ def _command(argv: list) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(_command(argv))
+    command = _command(argv)
+    parser = build_parser(command)
+    if command:
+        from .cli_llama import refuse_glued_short_options
+        refuse_glued_short_options(parser.subcommand_parsers[command], argv[argv.index(command) + 1:])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.captureWarnings(True)   # e.g. "-ngl on a CPU-only build" as one log line, not a source excerpt

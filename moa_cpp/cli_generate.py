@@ -6,6 +6,7 @@ import json
 import sys
 
 from .argtypes import positive as _positive
+from .cli_llama import add_llama_arguments, drafter_device, target_options
 from .defaults import add_spec_arguments
 from .errors import InvalidArgumentError
 
@@ -26,8 +27,14 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", metavar="GGUF",
                    help="classic draft-model speculation: a small LLM with the target's tokenizer drafts")
     add_spec_arguments(p)
-    p.add_argument("-p", "--prompt", help="prompt text (required)")
+    p.add_argument("-p", "--prompt", help="prompt text (this or -f is required)")
+    p.add_argument("-f", "--file", metavar="FILE", help="read the prompt from FILE (llama.cpp's -f)")
     p.add_argument("--chat", action="store_true", help="apply the target GGUF's chat template")
+    p.add_argument("-sys", "--system-prompt", dest="system_prompt", metavar="TEXT",
+                   help="a system message (implies --chat)")
+    p.add_argument("-cnv", "--conversation", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("-no-cnv", "--no-conversation", action="store_true",
+                   help="accepted (one-shot generation is what generate does)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--chain", "--draft-max", "--spec-draft-n-max", dest="chain", type=_positive, metavar="N",
                    help="draft a chain of N tokens per cycle (default: cost-aware, 0..8 chosen every cycle)")
@@ -57,6 +64,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help="print the devices this build can use (and whether -ngl can offload) and exit")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.add_argument("--verbose", dest="llama_verbose", action="store_true", help="show llama.cpp's own log lines")
+    add_llama_arguments(p)
 
 
 def _resolve_models(args: argparse.Namespace) -> tuple:
@@ -81,6 +89,23 @@ def _by_source(by_source: dict) -> str:
     return ", accepted " + ", ".join(parts) if parts else ""
 
 
+def _prompt(args: argparse.Namespace) -> tuple:
+    """(prompt: text or chat messages, chat) from -p / -f / -sys / --chat."""
+    if args.prompt is not None and args.file:
+        raise InvalidArgumentError("give -p/--prompt or -f/--file, not both")
+    text = args.prompt
+    if args.file:
+        try:
+            text = open(args.file, encoding="utf-8").read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidArgumentError(f"-f/--file {args.file}: {getattr(e, 'strerror', None) or e}") from None
+    if text is None:
+        raise InvalidArgumentError("-p/--prompt or -f/--file is required")
+    if args.system_prompt is None:
+        return text, args.chat
+    return [{"role": "system", "content": args.system_prompt}, {"role": "user", "content": text}], True
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from .generator import SpeculativeGenerator
     from .rpc import parse_endpoints
@@ -95,27 +120,29 @@ def run_generate(args: argparse.Namespace) -> int:
         from .devices import describe
         print(describe())
         return 0
-    if args.prompt is None:
-        raise InvalidArgumentError("-p/--prompt is required")
+    if args.conversation:
+        raise InvalidArgumentError("-cnv/--conversation: the interactive chat is not built yet; run "
+                                   "`moa-cpp generate --chat -p ...` per turn, or `moa-cpp serve` for a chat client")
+    prompt, chat = _prompt(args)
+    opts = target_options(args)
     target, drafter, draft_model, kinds, draft = _resolve_models(args)
     rpc = parse_endpoints(args.rpc) if args.rpc else None
     ngl = args.n_gpu_layers if args.n_gpu_layers is not None else (-1 if rpc else 0)
     gen = SpeculativeGenerator.from_paths(target, drafter, n_ctx=args.n_ctx, n_threads=args.threads,
-                                          n_gpu_layers=ngl, device=args.device, draft=draft,
+                                          n_gpu_layers=ngl, device=drafter_device(args), draft=draft,
                                           draft_model=draft_model, rpc=rpc, spec_type=kinds,
-                                          ngram=ngram,
-                                          draft_min=args.draft_min)
+                                          ngram=ngram, draft_min=args.draft_min, target_options=opts)
     kw = dict(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-              seed=args.seed, stop=args.stop, chat=args.chat, ignore_eos=args.ignore_eos)
+              seed=args.seed, stop=args.stop, chat=chat, ignore_eos=args.ignore_eos)
     if args.json:
-        r = gen.generate(args.prompt, **kw)
+        r = gen.generate(prompt, **kw)
         st = r.stats
         print(json.dumps({"text": r.text, "tokens": r.tokens, "n_tokens": len(r.tokens),
                           "target_calls": st.target_calls, "tau": st.tau, "tokens_per_s": st.tokens_per_s,
                           "finish_reason": r.finish_reason, "draft": draft, "spec_type": gen.spec_type,
                           "by_source": st.by_source, "decision": st.decision, "stats": st.to_dict()}), flush=True)
     else:
-        for piece in gen.stream(args.prompt, **kw):
+        for piece in gen.stream(prompt, **kw):
             sys.stdout.write(piece)
             sys.stdout.flush()
         st = gen.last_stats

@@ -284,7 +284,20 @@ def cache_key(target: Target) -> str:
     st = p.stat()
     return (f"{p}|{st.st_size}|{st.st_mtime_ns}|t{target.n_threads}|fa{int(target.flash_attn)}"
             f"|repack{int(bool(getattr(target, 'repack', True)))}|llama-cpp-python {llama_cpp.__version__}"
-            f"|{_device_tag(target)}")
+            f"|{_device_tag(target)}{_batch_tag(target)}")
+
+
+def _batch_tag(target: Target) -> str:
+    """Settings that change batch arithmetic, only where they differ from the defaults (so the
+    entries measured with the defaults stay valid): a quantized KV cache, a physical batch that
+    splits a 63-row verification."""
+    tag = ""
+    if getattr(target, "cache_type", "f16") != "f16":
+        tag += f"|kv{target.cache_type}"
+    ub = getattr(target, "n_ubatch", None)
+    if ub is not None and ub < 64:
+        tag += f"|ub{ub}"
+    return tag
 
 
 def _cache_file() -> Path:

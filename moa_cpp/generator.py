@@ -18,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 
 from .drafter import DrafterModel
@@ -87,6 +87,95 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
     return n
 
 
+# llama-cpp-python arguments moa_cpp does not implement, and the values accepted for each: those
+# that change nothing (the first is llama-cpp-python's default). Any other value: ValueError.
+_SAMPLING_NOOP: dict = {
+    "min_p": (0.05, 0.0), "typical_p": (1.0,), "frequency_penalty": (0.0,), "presence_penalty": (0.0,),
+    "repeat_penalty": (1.0,), "tfs_z": (1.0,), "mirostat_mode": (0,), "mirostat_tau": (5.0,), "mirostat_eta": (0.1,),
+    "logits_processor": (None,), "grammar": (None,), "logit_bias": (None,),
+}
+_NOOP: dict = {**_SAMPLING_NOOP, "suffix": (None,), "logprobs": (None,), "echo": (False,),
+               "stopping_criteria": (None,)}
+_CHAT_NOOP: dict = {**_SAMPLING_NOOP, "logprobs": (None, False), "top_logprobs": (None,), "functions": (None,),
+                    "function_call": (None,), "tools": (None,), "tool_choice": (None,), "response_format": (None,)}
+
+
+def _is_value(value: Any, accepted: Any) -> bool:
+    if accepted is None:
+        return value is None
+    return isinstance(value, (bool, int, float)) and value == accepted
+
+
+def _refuse_unsupported(method: str, args: dict, noop: dict) -> None:
+    """ValueError naming the first argument of ``args`` that ``noop`` lists at another value."""
+    for name, accepted in noop.items():
+        value = args[name]
+        if not any(_is_value(value, a) for a in accepted):
+            shown = repr(value) if isinstance(value, (bool, int, float, str)) else "..."
+            raise ValueError(f"{method}({name}={shown}): not supported by moa_cpp yet "
+                             f"(accepted: {' or '.join(map(repr, accepted))})")
+
+
+def _stops(stop: Union[str, Sequence[str], None]) -> list:
+    return [stop] if isinstance(stop, str) else list(stop or [])
+
+
+def _llama_sampling(temperature: float, top_k: int, top_p: float) -> dict:
+    """llama-cpp-python's meaning of the settings: temperature 0 is greedy, < 0 samples from the
+    unmodified distribution (no temperature, top-k or top-p)."""
+    if temperature < 0:
+        return dict(temperature=1.0, top_k=0, top_p=1.0)
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+def _chat_messages(messages: Any) -> list:
+    """OpenAI chat messages -> ``{"role", "content": str}`` dicts (text parts joined)."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise ValueError("create_chat_completion(messages=...): expected a non-empty list of "
+                         "{'role': ..., 'content': ...} dicts")
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError(f"create_chat_completion: a message must be a dict with a 'role' string, not {m!r:.80}")
+        out.append({**m, "content": _content_text(m.get("content"))})
+    return out
+
+
+def _content_text(content: Any) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, (list, tuple)) and all(isinstance(p, dict) and p.get("type") == "text"
+                                                   and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise ValueError("create_chat_completion: message content other than text (a string or "
+                     "{'type': 'text', 'text': ...} parts) is not supported by moa_cpp yet")
+
+
+def _chat_response(c: dict) -> dict:
+    """A text completion as llama-cpp-python's chat completion (``_convert_text_completion_to_chat``)."""
+    ch = c["choices"][0]
+    return {"id": "chat" + c["id"], "object": "chat.completion", "created": c["created"], "model": c["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": ch["text"]}, "logprobs": None,
+                         "finish_reason": ch["finish_reason"]}],
+            "usage": c["usage"], "moa": c["moa"]}
+
+
+def _chat_chunks(chunks: Iterator[dict]) -> Iterator[dict]:
+    """Text chunks as llama-cpp-python's chat chunks (``_convert_text_completion_chunks_to_chat``):
+    first the role, then the content pieces (empty ones skipped), last ``{}`` with the reason."""
+    for i, c in enumerate(chunks):
+        text, finish = c["choices"][0]["text"], c["choices"][0]["finish_reason"]
+        if i == 0:
+            yield _chat_chunk(c, {"role": "assistant"}, None)
+        if finish is not None or text:
+            yield _chat_chunk(c, {} if finish is not None else {"content": text}, finish)
+
+
+def _chat_chunk(c: dict, delta: dict, finish: Optional[str]) -> dict:
+    return {"id": "chat" + c["id"], "model": c["model"], "created": c["created"], "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
 @dataclass
 class GenerationResult:
     text: str
@@ -134,19 +223,21 @@ class SpeculativeGenerator:
                    draft: Union[str, DraftConfig, None] = None, tli: Optional[int] = None,
                    draft_model: Union[str, Path, None] = None, rpc: Optional[Sequence[str]] = None,
                    spec_type: Union[str, Sequence[str], None] = None, ngram: NgramSettings = NgramSettings(),
-                   draft_min: int = 0) -> "SpeculativeGenerator":
+                   draft_min: int = 0, target_options: Optional[dict] = None) -> "SpeculativeGenerator":
         """Open a GGUF target and (optionally) an MoA drafter GGUF, or a small LLM GGUF with the
         target's tokenizer for classic draft-model speculation (``draft_model``). ``spec_type``
         (default: ``moa`` with a drafter, ``draft`` with a draft model, else plain decoding): who
         drafts, e.g. ``"ngram"`` or ``"moa,ngram"``. ``rpc``: llama.cpp rpc-servers
         (``["host:port", ...]``) that hold the offloaded target layers. ``draft_min``: a proposal
-        of fewer drafts is not verified (llama.cpp's ``--draft-min``)."""
+        of fewer drafts is not verified (llama.cpp's ``--draft-min``). ``target_options``: more
+        :meth:`Target.from_path` keywords (``n_batch``, ``use_mlock``, ``chat_template``, ...)."""
         if drafter_path is not None and draft_model is not None:
             raise ValueError("pass an MoA drafter or a draft model, not both")
         if spec_type is None:
             spec_type = "moa" if drafter_path is not None else "draft" if draft_model is not None else None
         kinds = parse_spec_type(spec_type)
-        target = Target.from_path(target_path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, rpc=rpc)
+        target = Target.from_path(target_path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, rpc=rpc,
+                                  **(target_options or {}))
         try:
             drafter = (DrafterModel(drafter_path, target_path, device=device, n_threads=n_threads, tli=tli)
                        if drafter_path is not None else None)
@@ -252,31 +343,81 @@ class SpeculativeGenerator:
         return GenerationResult("".join(pieces), tokens, st, st.finish_reason if st else "length",
                                 list(self._last_prompt))
 
-    def create_completion(self, prompt: Prompt, max_tokens: int = 16, temperature: float = 0.8, top_p: float = 0.95,
-                          top_k: int = 40, stop: Union[str, Sequence[str], None] = None, seed: Optional[int] = None,
-                          stream: bool = False, ignore_eos: bool = False, **_: Any) -> Any:
-        """Like ``llama_cpp.Llama.create_completion`` (same defaults and response shape); the
-        response also carries ``"moa"``: the speculative statistics."""
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
-        model = str(self.target.path)
-        kw = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stops,
-                  ignore_eos=ignore_eos)
+    def create_completion(self, prompt: Prompt, suffix: Optional[str] = None, max_tokens: Optional[int] = 16,
+                          temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+                          logprobs: Optional[int] = None, echo: bool = False,
+                          stop: Union[str, List[str], None] = [], frequency_penalty: float = 0.0,  # noqa: B006
+                          presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
+                          stream: bool = False, seed: Optional[int] = None, tfs_z: float = 1.0, mirostat_mode: int = 0,
+                          mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: Optional[str] = None,
+                          stopping_criteria: Any = None, logits_processor: Any = None, grammar: Any = None,
+                          logit_bias: Optional[Dict[int, float]] = None, ignore_eos: bool = False) -> Any:
+        """``llama_cpp.Llama.create_completion`` (0.3.36): the same arguments, defaults and
+        response shape; the response also carries ``"moa"``: the speculative statistics.
+
+        Implemented: ``prompt`` (text or ids), ``max_tokens`` (None or <= 0: up to the end of the
+        context), ``temperature`` (0: greedy, lossless; < 0: sampling from the unmodified
+        distribution, as llama-cpp-python), ``top_k``, ``top_p``, ``stop``, ``seed``, ``stream``,
+        ``model`` (the response's model name), and moa_cpp's ``ignore_eos``. Every other argument
+        is accepted only at a value that changes nothing (its default; ``min_p`` also 0.0: its
+        default 0.05 is accepted but not applied), else ``ValueError``: nothing is silently dropped.
+        Greedy text equals llama-cpp-python's; sampling applies temperature, then top-k and top-p
+        (llama-cpp-python: top-k, top-p and min-p, then temperature).
+        """
+        _refuse_unsupported("create_completion", locals(), _NOOP)
+        return self._completion(prompt, False, max_tokens, _stops(stop), stream, model, seed=seed,
+                                ignore_eos=ignore_eos, **_llama_sampling(temperature, top_k, top_p))
+
+    def create_chat_completion(self, messages: List[dict], functions: Any = None, function_call: Any = None,
+                               tools: Any = None, tool_choice: Any = None, temperature: float = 0.2,
+                               top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, typical_p: float = 1.0,
+                               stream: bool = False, stop: Union[str, List[str], None] = [],  # noqa: B006
+                               seed: Optional[int] = None, response_format: Any = None,
+                               max_tokens: Optional[int] = None, presence_penalty: float = 0.0,
+                               frequency_penalty: float = 0.0, repeat_penalty: float = 1.0, tfs_z: float = 1.0,
+                               mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                               model: Optional[str] = None, logits_processor: Any = None, grammar: Any = None,
+                               logit_bias: Optional[Dict[str, float]] = None, logprobs: Optional[bool] = None,
+                               top_logprobs: Optional[int] = None, ignore_eos: bool = False) -> Any:
+        """``llama_cpp.Llama.create_chat_completion`` (0.3.36) with the target's chat template:
+        the same arguments, defaults and response / chunk shapes, plus ``"moa"`` (the statistics)
+        in a whole response. ``messages``: ``{"role", "content"}`` dicts, the content a string or
+        a list of ``{"type": "text", "text": ...}`` parts. Implemented and refused arguments as in
+        :meth:`create_completion` (tools, functions, response_format, grammar, logprobs: only
+        their defaults)."""
+        _refuse_unsupported("create_chat_completion", locals(), _CHAT_NOOP)
+        eos = self.target.detokenize([self.target.eos_token], special=True) if self.target.eos_token >= 0 else ""
+        out = self._completion(_chat_messages(messages), True, max_tokens, _stops(stop) + [eos], stream, model,
+                               seed=seed, ignore_eos=ignore_eos, **_llama_sampling(temperature, top_k, top_p))
+        return _chat_chunks(out) if stream else _chat_response(out)
+
+    def _completion(self, prompt: Any, chat: bool, max_tokens: Optional[int], stops: list, stream: bool,
+                    model: Optional[str], **kw: Any) -> Any:
+        """A text completion (or its chunks) in llama-cpp-python's shape; ``kw``: sampling settings."""
+        head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
+                "model": model if model is not None else str(self.target.path)}
+        ids = self.encode(prompt, chat)
+        kw.update(max_tokens=self._token_limit(max_tokens, len(ids)), stop=stops)
         if stream:
-            def chunks():
-                for _, piece in self.stream_tokens(prompt, **kw):
-                    yield {"id": cid, "object": "text_completion", "created": created, "model": model,
-                           "choices": [{"text": piece, "index": 0, "logprobs": None, "finish_reason": None}]}
-                yield {"id": cid, "object": "text_completion", "created": created, "model": model,
-                       "choices": [{"text": "", "index": 0, "logprobs": None,
-                                    "finish_reason": self.last_stats.finish_reason}]}
-            return chunks()
-        r = self.generate(prompt, **kw)
-        return {"id": cid, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"text": r.text, "index": 0, "logprobs": None, "finish_reason": r.finish_reason}],
+            return self._chunks(head, ids, kw)
+        r = self.generate(ids, **kw)
+        return {**head, "choices": [{"text": r.text, "index": 0, "logprobs": None, "finish_reason": r.finish_reason}],
                 "usage": {"prompt_tokens": len(r.prompt_tokens), "completion_tokens": len(r.tokens),
                           "total_tokens": len(r.prompt_tokens) + len(r.tokens)},
                 "moa": r.stats.to_dict()}
+
+    def _token_limit(self, max_tokens: Optional[int], n_prompt: int) -> int:
+        """llama-cpp-python's limit: None or <= 0 is up to the end of the context, and never past it."""
+        room = self.target.n_ctx - n_prompt
+        if max_tokens is None or max_tokens <= 0 or max_tokens > room:
+            return max(room, 1)      # a prompt that fills the context: the loop refuses it
+        return max_tokens
+
+    def _chunks(self, head: dict, prompt: Any, kw: dict) -> Iterator[dict]:
+        for _, piece in self.stream_tokens(prompt, **kw):
+            yield {**head, "choices": [{"text": piece, "index": 0, "logprobs": None, "finish_reason": None}]}
+        yield {**head, "choices": [{"text": "", "index": 0, "logprobs": None,
+                                    "finish_reason": self.last_stats.finish_reason}]}
 
     # ------------------------------------------------------------------ calibration
 

@@ -159,6 +159,7 @@ class Target:
         self.path = path
         self.flash_attn = bool(flash_attn)
         self.kv_unified = bool(kv_unified)
+        self.chat_template: Optional[str] = None   # overrides the GGUF's (Jinja text or a llama.cpp name)
         self.repack = True  # llama.cpp weight repacking (use_extra_bufts); from_path(repack=False) clears it
         self.rpc: tuple = ()   # rpc-server endpoints holding offloaded layers (from_path(rpc=...))
         self.n_gpu_layers = 0  # layers offloaded (from_path sets it; from_llama keeps the Llama's own choice unknown)
@@ -176,7 +177,8 @@ class Target:
                   n_seq_max: int = 64, cache_type: str = "f16", use_mmap: bool = True,
                   install_callback: bool = True, verbose: Optional[bool] = None, flash_attn: bool = True,
                   kv_unified: bool = True, repack: bool = True,
-                  rpc: Optional[Sequence[str]] = None) -> "Target":
+                  rpc: Optional[Sequence[str]] = None, use_mlock: bool = False,
+                  chat_template: Optional[str] = None) -> "Target":
         """Load a GGUF target.
 
         Args:
@@ -192,6 +194,9 @@ class Target:
             cache_type: KV cache type, ``"f16"`` (llama.cpp default), ``"f32"`` or ``"q8_0"``.
                 Capture is unaffected: it reads the F32 K/V before they are cast into the cache.
             use_mmap: map the model file.
+            use_mlock: lock the weights in RAM (llama.cpp's ``--mlock``).
+            chat_template: a chat template instead of the GGUF's: Jinja text, or the name of one of
+                llama.cpp's built-in templates (``chatml``, ``llama3``, ...; ``--chat-template``).
             install_callback: set ``cb_eval`` (False gives a plain context, for benchmarks;
                 capture is then impossible).
             flash_attn: flash attention (default on: batch rows then match single-token decodes
@@ -223,6 +228,7 @@ class Target:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
         mparams.use_mmap = use_mmap
+        mparams.use_mlock = use_mlock
         mparams.use_extra_bufts = repack
         devices = None
         if rpc:
@@ -239,6 +245,7 @@ class Target:
                   n_threads=n_threads, n_seq_max=n_seq_max, cache_type=cache_type,
                   install_callback=install_callback, flash_attn=flash_attn, kv_unified=kv_unified)
         tgt.repack = bool(repack)
+        tgt.chat_template = chat_template
         tgt.n_gpu_layers = int(n_gpu_layers)
         tgt.rpc = tuple(rpc or ())
         return tgt
@@ -254,6 +261,7 @@ class Target:
                    n_seq_max=self.n_seq_max, cache_type=self.cache_type,
                    install_callback=self._has_callback, flash_attn=self.flash_attn, kv_unified=self.kv_unified)
         t.repack, t.n_gpu_layers, t.rpc = self.repack, self.n_gpu_layers, self.rpc
+        t.chat_template = self.chat_template
         t._exact_known = self._exact_known          # same model, same build: same exactness
         t._eog_tokens = self._eog_tokens            # same vocabulary (None: read on first use)
         t._max_exact_rows = self._max_exact_rows
@@ -348,17 +356,20 @@ class Target:
         """Render ``messages`` with the GGUF's ``tokenizer.chat_template`` (Jinja2, as
         llama-cpp-python does for chat completions). Tokenize the result with
         ``add_bos=False, special=True``: the template writes any BOS itself."""
-        template = self.meta("tokenizer.chat_template")
+        template = self.chat_template or self.meta("tokenizer.chat_template")
+        if template and "{{" not in template and "{%" not in template:       # a llama.cpp built-in's name
+            return self._builtin_chat_template(messages, add_generation_prompt, template)
         if not template:
             return self._builtin_chat_template(messages, add_generation_prompt)
         bos = self.detokenize([self.bos_token], special=True) if self.bos_token >= 0 else ""
         eos = self.detokenize([self.eos_token], special=True) if self.eos_token >= 0 else ""
         return render_chat_template(template, messages, bos, eos, add_generation_prompt)
 
-    def _builtin_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
-        """GGUFs without tokenizer.chat_template (e.g. some Gemma-3 files): llama.cpp's built-in
-        template for the architecture family."""
-        name = "gemma" if self.arch.startswith("gemma") else None
+    def _builtin_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool,
+                               name: Optional[str] = None) -> str:
+        """One of llama.cpp's built-in templates by ``name``, or for GGUFs without
+        tokenizer.chat_template (e.g. some Gemma-3 files) the architecture family's."""
+        name = name or ("gemma" if self.arch.startswith("gemma") else None)
         if name is None:
             raise MoaError(f"{self.path.name} has no chat template (tokenizer.chat_template); use a plain prompt")
         arr = (llama_cpp.llama_chat_message * len(messages))()
@@ -371,7 +382,7 @@ class Target:
         buf = ctypes.create_string_buffer(size)
         n = llama_cpp.llama_chat_apply_template(name.encode(), arr, len(messages), add_generation_prompt, buf, size)
         if n < 0 or n > size:
-            raise MoaError(f"llama.cpp could not apply its built-in '{name}' chat template")
+            raise MoaError(f"llama.cpp could not apply a built-in chat template named '{name}' (not one it knows?)")
         text = buf.raw[:n].decode("utf-8", "replace")
         bos = self.detokenize([self.bos_token], special=True) if self.bos_token >= 0 else ""
         # llama.cpp's built-in templates omit BOS; add it when the model expects one

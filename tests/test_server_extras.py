@@ -146,3 +146,20 @@ def test_llama_cpp_request_fields(server):
         assert st == 400 and e["error"]["param"] == field
     st, _, e = server.post("/v1/chat/completions", {**CHAT, "no_such_field": 1}, key=KEY)
     assert st == 400 and e["error"]["code"] == "unknown_parameter"
+
+
+def test_serve_takes_llama_cpp_flags(tmp_path):
+    """`serve` reads llama.cpp's flags as `generate` does: a --chat-template-file is what
+    /apply-template renders and what the chat route decodes (its prompt count)."""
+    tpl = tmp_path / "t.jinja"
+    tpl.write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>")
+    srv = ServerProc("--draft", "none", "-fa", "on", "-b", "256", "-ub", "256", "--no-mmap", "-ctk", "f16",
+                     "--jinja", "--chat-template-file", str(tpl), "-ngld", "0")
+    try:
+        st, _, t = srv.post("/apply-template", {"messages": CHAT["messages"]})
+        assert st == 200 and t["prompt"] == "<system>Be brief.\n<user>Name two colors.\n<assistant>"
+        ids = srv.post("/tokenize", {"content": t["prompt"]})[2]["tokens"]
+        st, _, r = srv.post("/v1/chat/completions", CHAT)
+        assert st == 200 and r["usage"]["prompt_tokens"] == len(ids)
+    finally:
+        assert srv.terminate() == 0

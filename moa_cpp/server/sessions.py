@@ -53,7 +53,7 @@ def build_sessions(s: ServerSettings) -> list:
     threads = s.session_threads()
     ngram = ngram_settings(s.ngram_n_min, s.ngram_n_max)
     base = Target.from_path(target_path, n_ctx=s.n_ctx, n_threads=threads, n_gpu_layers=s.n_gpu_layers,
-                            rpc=s.rpc or None)
+                            rpc=s.rpc or None, **s.target_options)
     sessions: list = []
     try:
         drafter = (DrafterModel(drafter_path, target_path, device=s.device, n_threads=threads)

@@ -37,6 +37,7 @@ class ServerSettings:
     max_tokens_limit: Optional[int] = None  # None: the context size
     max_tree_nodes: int = 62
     metrics: bool = False                   # GET /metrics (llama-server's --metrics)
+    target_options: dict = field(default_factory=dict)   # Target.from_path keywords (cli_llama.target_options)
     cors_origins: tuple = ()                # origins a browser page may call from ("*": any)
     max_resync_tokens: int = 512            # a resync verify's chain, consumed in max_tree_nodes pieces
     max_chain: int = 16
@@ -131,6 +132,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve this client bundle (moa-cpp bundle -m T -d D -o DIR) at /moa/v1/bundle; it must have "
                         "been made from this server's drafter and target")
     p.add_argument("--verbose", dest="llama_verbose", action="store_true", help="show llama.cpp's own log lines")
+    from ..cli_llama import add_llama_arguments
+    add_llama_arguments(p)
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
@@ -143,10 +146,11 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         if not v > 0:
             raise InvalidArgumentError(f"{name} must be a positive number of seconds, got {v}")
     ngl = args.n_gpu_layers if args.n_gpu_layers is not None else (-1 if rpc else 0)
-    return ServerSettings(model=args.model, drafter=args.drafter, host=args.host, port=args.port,
+    from ..cli_llama import drafter_device, target_options
+    return ServerSettings(target_options=target_options(args), model=args.model, drafter=args.drafter, host=args.host, port=args.port,
                           api_keys=load_api_keys(args.api_key_file, inline=args.api_key), insecure_no_auth=args.insecure_no_auth,
                           parallel=args.parallel, queue=args.queue, n_ctx=args.n_ctx, threads=args.threads,
-                          n_gpu_layers=ngl, device=args.device, draft=args.draft, rpc=rpc,
+                          n_gpu_layers=ngl, device=drafter_device(args), draft=args.draft, rpc=rpc,
                           spec_type=args.spec_type, ngram_n_min=args.ngram_n_min, ngram_n_max=args.ngram_n_max,
                           draft_min=args.draft_min,
                           model_alias=args.model_alias, max_body_bytes=args.max_body_bytes,

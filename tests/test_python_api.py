@@ -1,0 +1,186 @@
+"""The llama-cpp-python-shaped Python API on the real default model (SmolLM2-135M-Instruct with its
+MoA drafter): ``create_chat_completion`` and ``create_completion`` give llama-cpp-python's own
+greedy text, usage and response shapes, stream the same text, and refuse (ValueError) every
+llama-cpp-python argument moa_cpp does not implement unless it is at a value that changes
+nothing; an unknown keyword is a TypeError, as in llama-cpp-python."""
+from __future__ import annotations
+
+import inspect
+
+import llama_cpp
+import pytest
+
+from moa_cpp import SpeculativeGenerator, defaults
+from moa_cpp.generator import _llama_sampling
+
+pytestmark = pytest.mark.model
+
+N_CTX = 512
+MAX_TOKENS = 24
+MSGS = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "List three colors."}]
+PROMPT = "Q: Name three colors.\nA:"
+
+# what moa_cpp implements; every other argument of llama-cpp-python's signature is refused
+IMPLEMENTED = {"prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
+               "model", "ignore_eos"}
+# a value that changes the output in llama-cpp-python, per refused argument
+UNSUPPORTED = {
+    "suffix": "!", "min_p": 0.1, "typical_p": 0.9, "logprobs": 1, "echo": True, "frequency_penalty": 0.5,
+    "presence_penalty": 0.5, "repeat_penalty": 1.1, "tfs_z": 0.9, "mirostat_mode": 2, "mirostat_tau": 4.0,
+    "mirostat_eta": 0.2, "stopping_criteria": llama_cpp.StoppingCriteriaList([lambda ids, logits: False]),
+    "logits_processor": llama_cpp.LogitsProcessorList([lambda ids, logits: logits]), "grammar": object(),
+    "logit_bias": {1: 5.0},
+}
+UNSUPPORTED_CHAT = {
+    **{k: v for k, v in UNSUPPORTED.items() if k not in ("suffix", "echo", "stopping_criteria")},
+    "logprobs": True, "top_logprobs": 3, "response_format": {"type": "json_object"},
+    "functions": [{"name": "f", "parameters": {"type": "object"}}], "function_call": "auto",
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+    "tool_choice": "auto",
+}
+# no-op values accepted besides the defaults
+EXTRA_NOOP = {"min_p": 0.0}
+EXTRA_NOOP_CHAT = {"min_p": 0.0, "logprobs": False}
+
+
+@pytest.fixture(scope="module")
+def gen():
+    g = SpeculativeGenerator.from_paths(defaults.default_target(), defaults.default_drafter(), n_ctx=N_CTX,
+                                        n_threads=1)
+    # the cost-aware default drafts only once this target's verify cost T(k) is measured; a flat
+    # T(k) (as on a GPU) makes it draft here, so that the comparisons go through speculation
+    g.loop.policy_for(g.draft).verify_cost = {k: 0.01 for k in range(1, 10)}
+    yield g
+    g.close()
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return llama_cpp.Llama(model_path=defaults.default_target(), n_ctx=N_CTX, n_threads=1, verbose=False,
+                           flash_attn=True)
+
+
+@pytest.fixture(scope="module")
+def chat(gen):
+    return gen.create_chat_completion(MSGS, temperature=0, max_tokens=MAX_TOKENS)
+
+
+def test_signatures_are_llama_cpp_pythons():
+    """Same arguments, order and defaults as llama-cpp-python 0.3.36, plus moa_cpp's ignore_eos."""
+    for name in ("create_completion", "create_chat_completion"):
+        ref = dict(inspect.signature(getattr(llama_cpp.Llama, name)).parameters)
+        ours = dict(inspect.signature(getattr(SpeculativeGenerator, name)).parameters)
+        assert ours.pop("ignore_eos").default is False
+        assert [(p.name, p.default) for p in ours.values()] == [(p.name, p.default) for p in ref.values()]
+    # the tables below cover every argument moa_cpp does not implement
+    assert set(inspect.signature(SpeculativeGenerator.create_completion).parameters) - IMPLEMENTED - {"self"} \
+        == set(UNSUPPORTED)
+    assert set(inspect.signature(SpeculativeGenerator.create_chat_completion).parameters) - IMPLEMENTED - {"self"} \
+        == set(UNSUPPORTED_CHAT)
+
+
+def test_chat_greedy_equals_llama_cpp_python(chat, llm, gen):
+    ref = llm.create_chat_completion(MSGS, temperature=0, max_tokens=MAX_TOKENS)
+    assert chat["choices"][0]["message"] == ref["choices"][0]["message"]
+    assert chat["choices"][0]["finish_reason"] == ref["choices"][0]["finish_reason"]
+    assert chat["usage"] == ref["usage"]
+    u = chat["usage"]
+    assert u["prompt_tokens"] == len(gen.encode(MSGS, chat=True)) == chat["moa"]["n_prompt"]
+    assert u["completion_tokens"] == chat["moa"]["n_generated"]
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+    assert chat["moa"]["drafted"] > 0                    # it went through speculation
+    assert set(chat) == set(ref) | {"moa"} and set(chat["choices"][0]) == set(ref["choices"][0])
+    assert chat["object"] == "chat.completion" and chat["id"].startswith("chatcmpl-")
+    assert isinstance(chat["created"], int) and chat["model"] == str(gen.target.path)
+
+
+def test_chat_text_parts_and_model_name(gen, chat):
+    parts = [{"role": "system", "content": [{"type": "text", "text": "You are terse."}]},
+             {"role": "user", "content": [{"type": "text", "text": "List three "}, {"type": "text", "text": "colors."}]}]
+    r = gen.create_chat_completion(parts, temperature=0, max_tokens=MAX_TOKENS, model="my-model")
+    assert r["choices"][0]["message"]["content"] == chat["choices"][0]["message"]["content"]
+    assert r["model"] == "my-model"
+
+
+def test_chat_stream(gen, chat, llm):
+    chunks = list(gen.create_chat_completion(MSGS, temperature=0, max_tokens=MAX_TOKENS, stream=True))
+    ref = list(llm.create_chat_completion(MSGS, temperature=0, max_tokens=MAX_TOKENS, stream=True))
+    first, last, middle = chunks[0]["choices"][0], chunks[-1]["choices"][0], [c["choices"][0] for c in chunks[1:-1]]
+    assert first["delta"] == {"role": "assistant"} and first["finish_reason"] is None
+    assert last["delta"] == {} and last["finish_reason"] == chat["choices"][0]["finish_reason"]
+    assert all(set(c["delta"]) == {"content"} and c["finish_reason"] is None for c in middle)
+    text = "".join(c["delta"]["content"] for c in middle)
+    assert text == chat["choices"][0]["message"]["content"]
+    assert text == "".join(c["choices"][0]["delta"].get("content", "") for c in ref)
+    for ours, theirs in ((chunks[0], ref[0]), (chunks[-1], ref[-1])):   # llama-cpp-python's chunk shape
+        assert {k: v for k, v in ours.items() if k not in ("id", "created")} == \
+            {k: v for k, v in theirs.items() if k not in ("id", "created")}
+    assert len({c["id"] for c in chunks}) == 1 and chunks[0]["id"].startswith("chatcmpl-")
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+
+
+def test_completion_greedy_equals_llama_cpp_python(gen, llm):
+    r = gen.create_completion(PROMPT, temperature=0, max_tokens=MAX_TOKENS)
+    ref = llm.create_completion(PROMPT, temperature=0, max_tokens=MAX_TOKENS)
+    assert r["choices"][0]["text"] == ref["choices"][0]["text"]
+    assert r["choices"][0]["finish_reason"] == ref["choices"][0]["finish_reason"]
+    assert r["usage"] == ref["usage"]
+    assert set(r) == set(ref) | {"moa"} and r["object"] == "text_completion" and r["id"].startswith("cmpl-")
+    chunks = list(gen.create_completion(PROMPT, temperature=0, max_tokens=MAX_TOKENS, stream=True))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == r["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == r["choices"][0]["finish_reason"]
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED_CHAT))
+def test_chat_refuses_unsupported(gen, name):
+    msg = rf"create_chat_completion\({name}=.*\): not supported by moa_cpp yet"
+    with pytest.raises(ValueError, match=msg):
+        gen.create_chat_completion(MSGS, max_tokens=1, **{name: UNSUPPORTED_CHAT[name]})
+    with pytest.raises(ValueError, match=msg):                  # before any chunk is asked for
+        gen.create_chat_completion(MSGS, max_tokens=1, stream=True, **{name: UNSUPPORTED_CHAT[name]})
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
+def test_completion_refuses_unsupported(gen, name):
+    with pytest.raises(ValueError, match=rf"create_completion\({name}=.*\): not supported by moa_cpp yet"):
+        gen.create_completion(PROMPT, max_tokens=1, **{name: UNSUPPORTED[name]})
+
+
+@pytest.mark.parametrize("method, unsupported, extra", [
+    ("create_chat_completion", UNSUPPORTED_CHAT, EXTRA_NOOP_CHAT),
+    ("create_completion", UNSUPPORTED, EXTRA_NOOP),
+])
+def test_defaults_and_noop_values_pass(gen, method, unsupported, extra):
+    params = inspect.signature(getattr(SpeculativeGenerator, method)).parameters
+    first = MSGS if method == "create_chat_completion" else PROMPT
+    for kw in ({k: params[k].default for k in unsupported}, extra):
+        r = getattr(gen, method)(first, max_tokens=1, temperature=0, model="m", **kw)
+        assert r["usage"]["completion_tokens"] == 1 and r["model"] == "m"
+
+
+def test_unknown_keyword_is_type_error(gen):
+    with pytest.raises(TypeError, match="n_predict"):
+        gen.create_completion(PROMPT, n_predict=4)
+    with pytest.raises(TypeError, match="n_predict"):
+        gen.create_chat_completion(MSGS, n_predict=4)
+
+
+@pytest.mark.parametrize("messages", [[], "hi", [{"content": "no role"}],
+                                      [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]])
+def test_chat_bad_messages(gen, messages):
+    with pytest.raises(ValueError, match="create_chat_completion"):
+        gen.create_chat_completion(messages, max_tokens=1)
+
+
+def test_negative_temperature_is_llama_cpp_pythons():
+    """llama-cpp-python samples from the unmodified distribution at temperature < 0."""
+    assert _llama_sampling(-1.0, 40, 0.95) == dict(temperature=1.0, top_k=0, top_p=1.0)
+    assert _llama_sampling(0.0, 40, 0.95) == dict(temperature=0.0, top_k=40, top_p=0.95)
+
+
+def test_max_tokens_up_to_the_context(gen):
+    """llama-cpp-python's limit: None or <= 0 is up to the end of the context, never past it."""
+    room = gen.target.n_ctx - 10
+    assert [gen._token_limit(m, 10) for m in (None, 0, -1, room + 1, 10 ** 6, 5)] == [room] * 5 + [5]
+    with pytest.raises(ValueError, match="does not fit the context"):
+        gen.create_completion([1] * gen.target.n_ctx, max_tokens=None)
