@@ -176,6 +176,53 @@ def _chat_chunk(c: dict, delta: dict, finish: Optional[str]) -> dict:
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
 
 
+class _PendingLogprobs:
+    """Token logprobs waiting for their text: released once the text handed out covers the
+    token (positions in UTF-8 bytes of the generated text)."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+        self.pending: list = []          # (TokenLogprob, start byte, end byte)
+        self.pos = 0
+
+    def add(self, lps: list) -> None:
+        for lp in lps:
+            n = len(self.target.token_bytes(lp.token))
+            self.pending.append((lp, self.pos, self.pos + n))
+            self.pos += n
+
+    def _take(self, keep) -> list:
+        out = [lp for lp, s, e in self.pending if keep(s, e)]
+        self.pending = [x for x in self.pending if not keep(x[1], x[2])]
+        return out
+
+    def ending_within(self, shown: str) -> list:
+        if not self.pending:             # logprobs off: no encoding of the text on every step
+            return []
+        n = len(shown.encode())
+        return self._take(lambda s, e: e <= n)
+
+    def starting_before(self, cut: str) -> list:
+        if not self.pending:
+            return []
+        n = len(cut.encode())
+        out = self._take(lambda s, e: s < n)
+        self.pending = []
+        return out
+
+    def rest(self) -> list:
+        out, self.pending = [lp for lp, _, _ in self.pending], []
+        return out
+
+
+@dataclass
+class Piece:
+    """What one cycle of :meth:`SpeculativeGenerator.stream_steps` adds."""
+    tokens: list
+    text: str
+    logprobs: list            # TokenLogprob per token (empty unless asked for)
+
+
 @dataclass
 class GenerationResult:
     text: str
@@ -275,11 +322,14 @@ class SpeculativeGenerator:
 
     # ------------------------------------------------------------------ generation
 
-    def stream_tokens(self, prompt: Prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
-                      top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (), chat: bool = False,
-                      draft: Union[str, DraftConfig, None] = None,
-                      ignore_eos: bool = False) -> Iterator[tuple[list, str]]:
-        """Yield ``(new token ids, new text)`` per cycle; stats in :attr:`last_stats`."""
+    def stream_steps(self, prompt: Prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
+                     top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (), chat: bool = False,
+                     draft: Union[str, DraftConfig, None] = None, ignore_eos: bool = False,
+                     logprobs: Optional[int] = None) -> Iterator[Piece]:
+        """Yield a :class:`Piece` per cycle (new token ids, new text, and with ``logprobs`` = N
+        the :class:`TokenLogprob` (N alternatives) of the tokens whose text this piece completes:
+        logprobs travel with their text, so none is given for text a stop string cut off);
+        stats in :attr:`last_stats`."""
         ids = self.encode(prompt, chat)
         self._last_prompt = ids
         sp = SamplingParams(temperature, top_k, top_p, seed, ignore_eos=bool(ignore_eos))
@@ -288,28 +338,35 @@ class SpeculativeGenerator:
         shown = 0          # characters of the text handed out so far
         stats = None
         render = self.target.text_stream()
-        for ev in self.loop.run(ids, max_tokens, sp, cfg):
+        lps = _PendingLogprobs(self.target)
+        for ev in self.loop.run(ids, max_tokens, sp, cfg, logprobs):
             stats = ev.stats
             if not ev.tokens:
                 continue
             full = render.extend(ev.tokens)
+            lps.add(ev.logprobs)
             # search only where a stop string could newly start
             start = max(0, shown - max((len(s) for s in stop), default=0))
             hit = min((i for i in (full.find(s, start) for s in stop) if i >= 0), default=-1)
             if hit >= 0:
                 stats.finish_reason = "stop"
                 self.last_stats = stats
-                yield ev.tokens, full[shown:hit]
+                yield Piece(ev.tokens, full[shown:hit], lps.starting_before(full[:hit]))
                 return
             # hold back what may still become a stop string or a multi-byte character
             end = len(full) - _held_back(full, stop)
             piece, shown = full[shown:max(shown, end)], max(shown, end)
-            yield ev.tokens, piece
+            yield Piece(ev.tokens, piece, lps.ending_within(full[:shown]))
         if stats is not None:
             tail = render.extend([])[shown:]
-            if tail:
-                yield [], tail
+            if tail or lps.pending:
+                yield Piece([], tail, lps.rest())
         self.last_stats = stats
+
+    def stream_tokens(self, prompt: Prompt, **kw: Any) -> Iterator[tuple[list, str]]:
+        """Yield ``(new token ids, new text)`` per cycle (see :meth:`stream_steps`)."""
+        for p in self.stream_steps(prompt, **kw):
+            yield p.tokens, p.text
 
     def stream(self, prompt: Prompt, **kw: Any) -> Iterator[str]:
         """Yield text pieces as they are verified (see :meth:`generate` for the arguments)."""

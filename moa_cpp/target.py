@@ -472,6 +472,16 @@ class Target:
             n_max = -n
         raise MoaError("llama_tokenize failed")
 
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        """One token's text as bytes (a piece of a multi-byte character is not UTF-8 alone);
+        ``special`` renders special tokens. ``token`` must be in the vocabulary."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, int(token), buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, int(token), buf, len(buf), 0, special)
+        return buf.raw[:max(n, 0)]
+
     def text_stream(self) -> "TextStream":
         """An incremental :meth:`detokenize` for streaming (see :class:`TextStream`)."""
         return TextStream(self._vocab)

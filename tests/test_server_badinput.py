@@ -87,7 +87,8 @@ CHAT_BAD = {
     "messages": ["hi", 5, True, None, {}, {"role": "user", "content": "hi"}, {"0": {"role": "user", "content": "x"}},
                  ["hi"], [5], [None], [[]], [[{"role": "user", "content": "x"}]]],
     "max_completion_tokens": INT_BAD,
-    "logprobs": [True, 1, "false", None, [], {}],
+    "logprobs": [1, "false", [], {}],
+    "top_logprobs": ["1", 1.5, True, [], {}],
 }
 
 # out-of-range / semantically bad values (both endpoints unless noted)
@@ -104,10 +105,11 @@ RANGE_BAD = [
     ("stop", ["a"] * 17), ("stop", "x" * 257), ("stop", ["ok", "y" * 1000]),
     ("model", "m" * 257), ("user", "u" * 257),
 ]
-COMPL_RANGE_BAD = [("best_of", 2), ("best_of", 0), ("echo", True), ("logprobs", 1), ("logprobs", -1),
-                   ("logprobs", 5), ("suffix", "tail")]
+COMPL_RANGE_BAD = [("best_of", 2), ("best_of", 0), ("echo", True), ("logprobs", 6), ("logprobs", -1),
+                   ("n_probs", 21), ("suffix", "tail")]
 CHAT_RANGE_BAD = [("max_completion_tokens", 0), ("max_completion_tokens", -1), ("max_completion_tokens", 10 ** 30),
-                  ("max_completion_tokens", N_CTX + 1), ("logprobs", True)]
+                  ("max_completion_tokens", N_CTX + 1), ("top_logprobs", 21), ("top_logprobs", -1),
+                  ("top_logprobs", 3)]     # top_logprobs without logprobs: true
 
 # literals json.dumps cannot write: spliced in as raw text
 RAW_NUMBER_LITERALS = ["1e309", "-1e309", "NaN", "Infinity", "-Infinity", "nan", "inf", "1e99999", "0x10", "+1",

@@ -141,7 +141,7 @@ def test_llama_cpp_request_fields(server):
                          ("response_format", {"type": "json_object"})):
         st, _, e = server.post("/v1/chat/completions", {**CHAT, field: value}, key=KEY)
         assert st == 400 and e["error"]["code"] == "unsupported_parameter" and e["error"]["param"] == field, e
-    for field, value in (("n_probs", 5), ("repeat_penalty", 1.1), ("mirostat", 2)):
+    for field, value in (("n_probs", 21), ("repeat_penalty", 1.1), ("mirostat", 2)):
         st, _, e = server.post("/v1/chat/completions", {**CHAT, field: value}, key=KEY)
         assert st == 400 and e["error"]["param"] == field
     st, _, e = server.post("/v1/chat/completions", {**CHAT, "no_such_field": 1}, key=KEY)
@@ -163,3 +163,58 @@ def test_serve_takes_llama_cpp_flags(tmp_path):
         assert st == 200 and r["usage"]["prompt_tokens"] == len(ids)
     finally:
         assert srv.terminate() == 0
+
+
+def _sse_chunks(server, path, body):
+    import json as _json
+    c = server.conn()
+    try:
+        c.request("POST", path, body=_json.dumps({**body, "stream": True}).encode(),
+                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+        raw = c.getresponse().read().decode()
+    finally:
+        c.close()
+    return [_json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+
+
+def test_chat_logprobs_whole_and_streamed(server):
+    """OpenAI's chat logprobs: the tokens' bytes concatenate to the answer, each entry's top list is
+    sorted and (greedy) led by the token itself; the stream's entries are the whole answer's."""
+    body = {**CHAT, "max_tokens": 16, "logprobs": True, "top_logprobs": 3}
+    st, _, r = server.post("/v1/chat/completions", body, key=KEY)
+    assert st == 200
+    text, content = r["choices"][0]["message"]["content"], r["choices"][0]["logprobs"]["content"]
+    assert bytes(b for e in content for b in e["bytes"]).decode() == text
+    assert len(content) == r["usage"]["completion_tokens"]
+    for e in content:
+        tops = [t["logprob"] for t in e["top_logprobs"]]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and e["logprob"] <= 0
+        assert e["top_logprobs"][0]["token"] == e["token"] and e["top_logprobs"][0]["logprob"] == e["logprob"]
+    chunks = _sse_chunks(server, "/v1/chat/completions", body)
+    streamed = [e for c in chunks for ch in c["choices"] if ch.get("logprobs") for e in ch["logprobs"]["content"]]
+    assert streamed == content
+    assert "".join(ch["delta"].get("content", "") for c in chunks for ch in c["choices"]) == text
+    # off by default; llama.cpp's n_probs turns them on
+    assert server.post("/v1/chat/completions", CHAT, key=KEY)[2]["choices"][0]["logprobs"] is None
+    r2 = server.post("/v1/chat/completions", {**CHAT, "max_tokens": 16, "n_probs": 3}, key=KEY)[2]
+    assert r2["choices"][0]["logprobs"]["content"] == content
+
+
+def test_completion_logprobs_with_offsets_and_a_stop(server):
+    body = {"prompt": "1, 2, 3, 4,", "max_tokens": 12, "temperature": 0, "logprobs": 2}
+    st, _, r = server.post("/v1/completions", body, key=KEY)
+    assert st == 200
+    ch = r["choices"][0]
+    lp, text = ch["logprobs"], ch["text"]
+    assert "".join(lp["tokens"]) == text and len(lp["tokens"]) == r["usage"]["completion_tokens"]
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(len(lp["tokens"]))]
+    for tok, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert top[tok] == v and 1 <= len(top) <= 3 and max(top.values()) == v
+    stop = text[len(text) // 2: len(text) // 2 + 2]
+    cut = server.post("/v1/completions", {**body, "stop": [stop]}, key=KEY)[2]["choices"][0]
+    assert cut["finish_reason"] == "stop" and cut["text"] == text[:text.index(stop)]
+    joined = "".join(cut["logprobs"]["tokens"])
+    # the tokens whose text starts before the cut: they cover the text, nothing past it starts a token
+    assert joined.startswith(cut["text"]) and len(joined) - len(cut["logprobs"]["tokens"][-1]) < len(cut["text"])
+    st, _, e = server.post("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, key=KEY)
+    assert st == 400 and e["error"]["param"] == "top_logprobs"

@@ -29,6 +29,7 @@ from .body import read_json_body, until_disconnect
 from .errors import APIError, bad_request
 from .extras import TextUtilities
 from .hosts import HostMiddleware, allowed_hosts
+from .logprobs import LogprobWriter
 from .metrics import ServerMetrics
 from .remote_routes import RemoteAPI
 from .schemas import ChatRequest, CompletionRequest, parse_body
@@ -107,7 +108,7 @@ class Server:
                               param="max_tokens")
         prompt = req.message_dicts() if chat else req.prompt_value()
         return GenParams(prompt, chat, limit, req.temperature, req.top_k, req.top_p, req.seed_or_none,
-                         req.stops, self._draft_override(req), req.ignore_eos)
+                         req.stops, self._draft_override(req), req.ignore_eos, req.n_logprobs)
 
 
 def _error_of(exc: BaseException) -> APIError:
@@ -136,6 +137,7 @@ class _Completion:
         self.model = srv.model
         self.draft = params.draft or (str(srv.pool.sessions[0].gen.draft))
         self.n_prompt = 0
+        self.logprobs = LogprobWriter(srv.pool.sessions[0].gen.target, chat) if params.logprobs is not None else None
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
@@ -145,20 +147,23 @@ class _Completion:
         return {"prompt_tokens": self.n_prompt, "completion_tokens": n_completion,
                 "total_tokens": self.n_prompt + n_completion}
 
-    def whole(self, text: str, n_tokens: int, finish: str, stats: Any) -> dict:
-        choice: dict = {"index": 0, "logprobs": None, "finish_reason": finish}
+    def whole(self, text: str, n_tokens: int, finish: str, stats: Any, lps: Optional[list] = None) -> dict:
+        choice: dict = {"index": 0, "logprobs": self.logprobs.part(lps or []) if self.logprobs else None,
+                        "finish_reason": finish}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
         return {**self._head(False), "choices": [choice], "usage": self.usage(n_tokens), "moa": _moa(stats, self.draft)}
 
-    def chunk(self, piece: Optional[str], finish: Optional[str] = None, first: bool = False) -> dict:
+    def chunk(self, piece: Optional[str], finish: Optional[str] = None, first: bool = False,
+              lps: Optional[list] = None) -> dict:
+        lp = self.logprobs.part(lps) if self.logprobs and lps else None
         if self.chat:
             delta: dict = {"role": "assistant", "content": ""} if first else ({} if piece is None else {"content": piece})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": piece or "", "logprobs": lp, "finish_reason": finish}
         return {**self._head(True), "choices": [choice]}
 
 
@@ -213,15 +218,16 @@ class _JobStream(StreamingResponse):
 
 
 async def _collect(srv: Server, job: Job, out: _Completion) -> dict:
-    pieces, n = [], 0
+    pieces, n, lps = [], 0, []
     while True:
         ev = await job.events.get()
         if ev[0] == "piece":
             n += len(ev[1])
             pieces.append(ev[2])
+            lps += ev[3]
         elif ev[0] == "done":
             srv.metrics.observe(out.route, ev[1])
-            return out.whole("".join(pieces), n, ev[1].finish_reason or "length", ev[1])
+            return out.whole("".join(pieces), n, ev[1].finish_reason or "length", ev[1], lps)
         elif ev[0] == "cancelled":
             raise APIError(503, "the server is shutting down; the generation was stopped", code="server_shutdown")
         elif ev[0] == "error":
@@ -238,8 +244,10 @@ async def _stream(srv: Server, job: Job, out: _Completion, include_usage: bool) 
             ev = await job.events.get()
             if ev[0] == "piece":
                 n += len(ev[1])
-                if ev[2]:
-                    yield _sse(out.chunk(ev[2]))
+                if ev[2] or (ev[3] and out.logprobs):
+                    # a piece's tokens travel with it (text held back for a stop string or a
+                    # multi-byte character may come a chunk later than its tokens' logprobs)
+                    yield _sse(out.chunk(ev[2], lps=ev[3]))
                 continue
             if ev[0] == "error":
                 yield _sse(_error_of(ev[1]).body())

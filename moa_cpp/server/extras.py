@@ -16,10 +16,8 @@ a while.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 from typing import Annotated, Any
 
-import llama_cpp
 from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -50,14 +48,9 @@ class ApplyTemplateRequest(BaseModel):
     messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
 
 
-def _piece(vocab: Any, tok: int) -> Any:
+def _piece(target: Any, tok: int) -> Any:
     """llama-server's piece: the token's text, or its bytes where they are not UTF-8 alone."""
-    buf = ctypes.create_string_buffer(64)
-    n = llama_cpp.llama_token_to_piece(vocab, tok, buf, len(buf), 0, True)
-    if n < 0:
-        buf = ctypes.create_string_buffer(-n)
-        n = llama_cpp.llama_token_to_piece(vocab, tok, buf, len(buf), 0, True)
-    raw = buf.raw[:max(n, 0)]
+    raw = target.token_bytes(tok, special=True)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -82,7 +75,7 @@ class TextUtilities:
         def work() -> dict:
             ids = t.tokenize(req.content, add_bos=req.add_special, special=req.parse_special).tolist()
             if req.with_pieces:
-                return {"tokens": [{"id": i, "piece": _piece(t._vocab, i)} for i in ids]}
+                return {"tokens": [{"id": i, "piece": _piece(t, i)} for i in ids]}
             return {"tokens": ids}
         return JSONResponse(await asyncio.to_thread(work))
 

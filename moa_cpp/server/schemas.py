@@ -6,8 +6,8 @@ be finite and in range, and an unknown field is an error, as OpenAI answers ("Un
 request argument"). OpenAI fields this server does not implement are accepted only at their
 no-op values (n=1, echo=false, penalties 0, no logprobs, no logit_bias). llama.cpp server fields
 are accepted where they are implemented (top_k, ignore_eos) or only hints (cache_prompt), at
-their no-op values where not implemented yet (n_probs 0, repeat_penalty 1, typical_p 1, tfs_z 1,
-mirostat 0); ``grammar``, ``json_schema`` and a ``response_format`` other than text are refused
+their no-op values where not implemented yet (repeat_penalty 1, typical_p 1, tfs_z 1, mirostat 0);
+``n_probs`` asks for logprobs as ``logprobs`` / ``top_logprobs`` do; ``grammar``, ``json_schema`` and a ``response_format`` other than text are refused
 with ``unsupported_parameter`` (defined, not built yet), unlike fields nobody defines
 (``unknown_parameter``).
 """
@@ -72,7 +72,7 @@ class _Sampling(BaseModel):
     moa: Optional[MoaOptions] = None
     # llama.cpp server's fields: a hint (each request is decoded whole today), no-op values
     cache_prompt: bool = True
-    n_probs: Annotated[int, Field(ge=0, le=0)] = 0
+    n_probs: Annotated[int, Field(ge=0, le=20)] = 0           # llama.cpp: top alternatives (= logprobs)
     repeat_penalty: Annotated[float, Field(ge=1.0, le=1.0)] = 1.0
     repeat_last_n: Annotated[int, Field(ge=-1, le=2 ** 31 - 1)] = 64
     typical_p: Annotated[float, Field(ge=1.0, le=1.0)] = 1.0
@@ -117,9 +117,15 @@ class CompletionRequest(_Sampling):
                   Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=1)]]
     max_tokens: Optional[Annotated[int, Field(ge=1, le=2 ** 31 - 1)]] = 16
     echo: Literal[False] = False
-    logprobs: Optional[Annotated[int, Field(ge=0, le=0)]] = None
+    logprobs: Optional[Annotated[int, Field(ge=0, le=5)]] = None    # OpenAI's limit
     suffix: Optional[Literal[""]] = None
     best_of: Annotated[int, Field(ge=1, le=1)] = 1
+
+    @property
+    def n_logprobs(self) -> Optional[int]:
+        if self.n_probs:
+            return max(self.n_probs, self.logprobs or 0)
+        return self.logprobs
 
     def prompt_value(self) -> "str | list":
         """One prompt: text or token ids (a one-element batch is unwrapped)."""
@@ -152,7 +158,17 @@ class Message(BaseModel):
 class ChatRequest(_Sampling):
     messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: Optional[Annotated[int, Field(ge=1, le=2 ** 31 - 1)]] = None
-    logprobs: Literal[False] = False
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[Annotated[int, Field(ge=0, le=20)]] = None     # OpenAI's limit
+
+    @property
+    def n_logprobs(self) -> Optional[int]:
+        """Alternatives per token (None: no logprobs); llama.cpp's n_probs turns them on too."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.n_probs:
+            return max(self.n_probs, self.top_logprobs or 0)
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def message_dicts(self) -> list:
         # "developer" is OpenAI's new name for "system"; chat templates know "system"

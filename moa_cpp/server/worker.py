@@ -2,7 +2,7 @@
 long generations), reporting to the request's coroutine through an asyncio queue.
 
 Events, in order: ``("ready", n_prompt)`` once the prompt is encoded and fits (or
-``("error", exc)``), then ``("piece", token_ids, text)`` per verified step, then
+``("error", exc)``), then ``("piece", token_ids, text, logprobs)`` per verified step, then
 ``("done", stats)`` or ``("error", exc)``. Cancelling (client gone, shutdown) takes effect after
 the current step; the session is given back the moment the thread stops using it.
 """
@@ -30,6 +30,7 @@ class GenParams:
     stop: list
     draft: Optional[str]
     ignore_eos: bool = False
+    logprobs: Optional[int] = None    # each token's logprob and this many alternatives (None: off)
 
 
 class Job:
@@ -80,12 +81,12 @@ class Job:
                 return
             ids = self._encode()
             self._put("ready", len(ids))
-            it = gen.stream_tokens(ids, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
-                                   top_p=p.top_p, seed=p.seed, stop=p.stop, draft=p.draft,
-                                   ignore_eos=p.ignore_eos)
+            it = gen.stream_steps(ids, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
+                                  top_p=p.top_p, seed=p.seed, stop=p.stop, draft=p.draft,
+                                  ignore_eos=p.ignore_eos, logprobs=p.logprobs)
             try:
-                for toks, piece in it:
-                    self._put("piece", list(toks), piece)
+                for piece in it:
+                    self._put("piece", list(piece.tokens), piece.text, piece.logprobs)
                     if self.cancelled.is_set():
                         self._put("cancelled")
                         return

@@ -24,7 +24,7 @@ from ..target import MAX_VERIFY_ROWS, Target
 from .policy import Policy, make_policy
 from .scorer import TargetScorer
 from .types import (NO_DRAFT, DraftConfig, Proposal, Proposer, SamplingParams, Scores, SpecStats, StepResult,
-                    Verdict)
+                    TokenLogprob, Verdict)
 from .verify import probs_from_logits, verify
 
 
@@ -34,6 +34,7 @@ class StepEvent:
 
     tokens: list
     stats: SpecStats
+    logprobs: list = field(default_factory=list)   # TokenLogprob per token (when asked for)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Generation:
     max_rows: int = 1              # largest exact verification batch (resolved before prefill)
     finished: bool = False
     t_start: float = 0.0
+    n_logprobs: int = -1           # >= 0: each emitted token's logprob and this many top alternatives
 
 
 def _eog_masked(logits: np.ndarray, target: Target, sp: SamplingParams) -> np.ndarray:
@@ -63,6 +65,22 @@ def _eog_masked(logits: np.ndarray, target: Target, sp: SamplingParams) -> np.nd
         return logits
     out = np.array(logits, dtype=np.float32, copy=True)
     out[..., target.eog_tokens] = -np.inf
+    return out
+
+
+def token_logprobs(rows: np.ndarray, tokens: Sequence[int], n_top: int) -> list:
+    """:class:`TokenLogprob` of ``tokens[i]`` under logits row ``rows[i]`` (log-softmax in float64),
+    with the ``n_top`` most likely tokens of each row (ties: the lower id first)."""
+    out = []
+    for row, tok in zip(rows, tokens):
+        x = np.asarray(row, np.float64)
+        lse = x.max() + np.log(np.exp(x - x.max()).sum())
+        top: tuple = ()
+        if n_top > 0:
+            idx = np.argpartition(-x, min(n_top, x.size - 1))[:n_top]
+            idx = idx[np.lexsort((idx, -x[idx]))]
+            top = tuple((int(i), float(x[i] - lse)) for i in idx)
+        out.append(TokenLogprob(int(tok), float(x[int(tok)] - lse), top))
     return out
 
 
@@ -132,9 +150,10 @@ class SpeculativeLoop:
     # ------------------------------------------------------------------ prefill
 
     def prefill(self, prompt: Sequence[int], max_tokens: int, sp: SamplingParams,
-                draft: Optional[DraftConfig] = None) -> tuple[Generation, StepResult]:
+                draft: Optional[DraftConfig] = None, logprobs: Optional[int] = None) -> tuple[Generation, StepResult]:
         """Decode the prompt (n_batch chunks; the drafter commits each chunk's K/V when the
-        policy drafts) and sample the first token."""
+        policy drafts) and sample the first token. ``logprobs`` (None: off): every emitted token's
+        logprob and this many top alternatives (:class:`TokenLogprob` in the results)."""
         tgt = self.target
         prompt = np.asarray(prompt, dtype=np.int32).reshape(-1)
         if prompt.size == 0:
@@ -145,7 +164,8 @@ class SpeculativeLoop:
         policy = self.policy_for(cfg)
         drafting, why = policy.begin(tgt, self.proposer, lambda: max(0, self.batch_rows(cfg) - 1))
         g = Generation(max_tokens, sp, policy, np.random.default_rng(sp.seed) if not sp.greedy else None,
-                       SpecStats(n_prompt=int(prompt.size), decision=why), drafting=drafting)
+                       SpecStats(n_prompt=int(prompt.size), decision=why), drafting=drafting,
+                       n_logprobs=-1 if logprobs is None else int(logprobs))
         if drafting:
             # before the prefill: measuring it (once per model, cached) uses the KV cache
             g.max_rows = self.batch_rows(cfg)
@@ -162,11 +182,13 @@ class SpeculativeLoop:
             g.stats.prefill_calls += 1
             if capture:
                 self.proposer.observe(tgt.captured_lsa_in(), off)
-        g.root = _sample(_eog_masked(logits[-1], tgt, sp), sp, g.rng)
+        last_row = _eog_masked(logits[-1], tgt, sp)
+        g.root = _sample(last_row, sp, g.rng)
         g.stats.t_prefill = time.perf_counter() - t0
         g.feed, g.n = list(prompt), int(prompt.size)
         g.t_start = time.perf_counter()
-        return g, self._emit(g, [g.root], drafted=0, accepted=0, rows=0, shape="none")
+        return g, self._emit(g, [g.root], drafted=0, accepted=0, rows=0, shape="none",
+                             lp=self._logprobs(g, last_row[None], [g.root]))
 
     # ------------------------------------------------------------------ one cycle
 
@@ -208,8 +230,11 @@ class SpeculativeLoop:
         st.record_depths(int(proposal.depths.max()) if proposal.n else 0, verdict.n_accepted)
         st.record_sources(self._source_names(), proposal, verdict.path)
         st.accept_lengths.append(verdict.n_accepted + 1)
-        return self._emit(g, verdict.tokens + [verdict.bonus], proposal.n, verdict.n_accepted,
-                          proposal.draft_rows, str(cfg), t_draft + t_commit, t_target, t_capture)
+        emitted = verdict.tokens + [verdict.bonus]
+        # row 0 (the root's) chose the first token, node i's row (i + 1) its child on the path
+        lp = self._logprobs(g, scores.logits[[0] + [i + 1 for i in verdict.path]], emitted)
+        return self._emit(g, emitted, proposal.n, verdict.n_accepted,
+                          proposal.draft_rows, str(cfg), t_draft + t_commit, t_target, t_capture, lp=lp)
 
     def _plain_step(self, g: Generation, t_draft: float = 0.0) -> StepResult:
         """Plain decoding (nothing drafted, nothing to commit): decode the root alone, sample.
@@ -234,7 +259,11 @@ class SpeculativeLoop:
         st.t_target += t_target
         st.t_drafter += t_draft
         st.accept_lengths.append(1)
-        return self._emit(g, [nxt], 0, 0, 0, "none", t_draft, t_target, 0.0)
+        return self._emit(g, [nxt], 0, 0, 0, "none", t_draft, t_target, 0.0, lp=self._logprobs(g, logits[:1], [nxt]))
+
+    @staticmethod
+    def _logprobs(g: Generation, rows: np.ndarray, tokens: list) -> Optional[list]:
+        return token_logprobs(rows, tokens, g.n_logprobs) if g.n_logprobs >= 0 else None
 
     def _captures(self) -> bool:
         return bool(getattr(self.proposer, "needs_capture", False))
@@ -298,7 +327,8 @@ class SpeculativeLoop:
     # ------------------------------------------------------------------ results
 
     def _emit(self, g: Generation, candidates: list, drafted: int, accepted: int, rows: int, shape: str,
-              t_drafter: float = 0.0, t_target: float = 0.0, t_capture: float = 0.0) -> StepResult:
+              t_drafter: float = 0.0, t_target: float = 0.0, t_capture: float = 0.0,
+              lp: Optional[list] = None) -> StepResult:
         """Emit verified tokens up to EOG / max_tokens; update the generation's stats."""
         out: list = []
         reason = ""
@@ -322,7 +352,7 @@ class SpeculativeLoop:
             g.finished = True
             st.finish_reason = reason
         return StepResult(tuple(out), drafted, accepted, rows, shape, g.finished, reason, t_drafter, t_target,
-                          t_capture)
+                          t_capture, tuple(lp[:len(out)]) if lp else ())
 
     def _finish(self, g: Generation, reason: str) -> StepResult:
         g.finished = True
@@ -333,14 +363,14 @@ class SpeculativeLoop:
     # ------------------------------------------------------------------ driver
 
     def run(self, prompt: Sequence[int], max_tokens: int, sp: SamplingParams,
-            draft: Optional[DraftConfig] = None) -> Iterator[StepEvent]:
+            draft: Optional[DraftConfig] = None, logprobs: Optional[int] = None) -> Iterator[StepEvent]:
         """Yield the tokens of each step; the last event's stats are final. EOG ends the
         generation (the EOG token itself is not emitted); so do ``max_tokens`` and a full
         context (finish_reason "length"). Stop strings are the caller's job."""
         if max_tokens <= 0:
             return
-        g, r = self.prefill(prompt, max_tokens, sp, draft)
-        yield StepEvent(list(r.tokens), g.stats)
+        g, r = self.prefill(prompt, max_tokens, sp, draft, logprobs)
+        yield StepEvent(list(r.tokens), g.stats, list(r.logprobs))
         while not g.finished:
             r = self.step(g)
-            yield StepEvent(list(r.tokens), g.stats)
+            yield StepEvent(list(r.tokens), g.stats, list(r.logprobs))

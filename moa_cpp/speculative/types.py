@@ -190,6 +190,18 @@ class StepResult:
     t_drafter: float = 0.0
     t_target: float = 0.0
     t_capture: float = 0.0
+    logprobs: tuple = ()          # TokenLogprob per emitted token, when the generation asked for them
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the target's row that chose it (log-softmax of
+    the logits the sampler saw), and the ``top`` most likely tokens of that row: ``((id, logprob), ...)``.
+    Free under speculation: every emitted token has its verification row."""
+
+    token: int
+    logprob: float
+    top: tuple = ()
 
 
 @dataclass
