@@ -94,9 +94,9 @@ _SAMPLING_NOOP: dict = {
     "repeat_penalty": (1.0,), "tfs_z": (1.0,), "mirostat_mode": (0,), "mirostat_tau": (5.0,), "mirostat_eta": (0.1,),
     "logits_processor": (None,), "grammar": (None,), "logit_bias": (None,),
 }
-_NOOP: dict = {**_SAMPLING_NOOP, "suffix": (None,), "logprobs": (None,), "echo": (False,),
+_NOOP: dict = {**_SAMPLING_NOOP, "suffix": (None,), "echo": (False,),
                "stopping_criteria": (None,)}
-_CHAT_NOOP: dict = {**_SAMPLING_NOOP, "logprobs": (None, False), "top_logprobs": (None,), "functions": (None,),
+_CHAT_NOOP: dict = {**_SAMPLING_NOOP, "functions": (None,),
                     "function_call": (None,), "tools": (None,), "tool_choice": (None,), "response_format": (None,)}
 
 
@@ -155,8 +155,8 @@ def _chat_response(c: dict) -> dict:
     """A text completion as llama-cpp-python's chat completion (``_convert_text_completion_to_chat``)."""
     ch = c["choices"][0]
     return {"id": "chat" + c["id"], "object": "chat.completion", "created": c["created"], "model": c["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": ch["text"]}, "logprobs": None,
-                         "finish_reason": ch["finish_reason"]}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": ch["text"]},
+                         "logprobs": ch["logprobs"], "finish_reason": ch["finish_reason"]}],
             "usage": c["usage"], "moa": c["moa"]}
 
 
@@ -167,13 +167,14 @@ def _chat_chunks(chunks: Iterator[dict]) -> Iterator[dict]:
         text, finish = c["choices"][0]["text"], c["choices"][0]["finish_reason"]
         if i == 0:
             yield _chat_chunk(c, {"role": "assistant"}, None)
-        if finish is not None or text:
-            yield _chat_chunk(c, {} if finish is not None else {"content": text}, finish)
+        lp = c["choices"][0]["logprobs"]
+        if finish is not None or text or lp:
+            yield _chat_chunk(c, {} if finish is not None else {"content": text}, finish, lp)
 
 
-def _chat_chunk(c: dict, delta: dict, finish: Optional[str]) -> dict:
+def _chat_chunk(c: dict, delta: dict, finish: Optional[str], logprobs: Any = None) -> dict:
     return {"id": "chat" + c["id"], "model": c["model"], "created": c["created"], "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
 
 class _PendingLogprobs:
@@ -415,7 +416,8 @@ class SpeculativeGenerator:
         Implemented: ``prompt`` (text or ids), ``max_tokens`` (None or <= 0: up to the end of the
         context), ``temperature`` (0: greedy, lossless; < 0: sampling from the unmodified
         distribution, as llama-cpp-python), ``top_k``, ``top_p``, ``stop``, ``seed``, ``stream``,
-        ``model`` (the response's model name), and moa_cpp's ``ignore_eos``. Every other argument
+        ``model`` (the response's model name), ``logprobs`` (N alternatives per token, from the
+        verification rows), and moa_cpp's ``ignore_eos``. Every other argument
         is accepted only at a value that changes nothing (its default; ``min_p`` also 0.0: its
         default 0.05 is accepted but not applied), else ``ValueError``: nothing is silently dropped.
         Greedy text equals llama-cpp-python's; sampling applies temperature, then top-k and top-p
@@ -423,7 +425,7 @@ class SpeculativeGenerator:
         """
         _refuse_unsupported("create_completion", locals(), _NOOP)
         return self._completion(prompt, False, max_tokens, _stops(stop), stream, model, seed=seed,
-                                ignore_eos=ignore_eos, **_llama_sampling(temperature, top_k, top_p))
+                                ignore_eos=ignore_eos, logprobs=logprobs, **_llama_sampling(temperature, top_k, top_p))
 
     def create_chat_completion(self, messages: List[dict], functions: Any = None, function_call: Any = None,
                                tools: Any = None, tool_choice: Any = None, temperature: float = 0.2,
@@ -440,28 +442,41 @@ class SpeculativeGenerator:
         the same arguments, defaults and response / chunk shapes, plus ``"moa"`` (the statistics)
         in a whole response. ``messages``: ``{"role", "content"}`` dicts, the content a string or
         a list of ``{"type": "text", "text": ...}`` parts. Implemented and refused arguments as in
-        :meth:`create_completion` (tools, functions, response_format, grammar, logprobs: only
-        their defaults)."""
+        :meth:`create_completion` (tools, functions, response_format, grammar: only their
+        defaults); ``logprobs=True`` with ``top_logprobs`` N gives OpenAI's chat logprobs."""
         _refuse_unsupported("create_chat_completion", locals(), _CHAT_NOOP)
+        if top_logprobs is not None and not logprobs:
+            raise ValueError("create_chat_completion(top_logprobs=...) needs logprobs=True")
         eos = self.target.detokenize([self.target.eos_token], special=True) if self.target.eos_token >= 0 else ""
         out = self._completion(_chat_messages(messages), True, max_tokens, _stops(stop) + [eos], stream, model,
-                               seed=seed, ignore_eos=ignore_eos, **_llama_sampling(temperature, top_k, top_p))
+                               seed=seed, ignore_eos=ignore_eos, logprobs=(top_logprobs or 0) if logprobs else None,
+                               **_llama_sampling(temperature, top_k, top_p))
         return _chat_chunks(out) if stream else _chat_response(out)
 
     def _completion(self, prompt: Any, chat: bool, max_tokens: Optional[int], stops: list, stream: bool,
                     model: Optional[str], **kw: Any) -> Any:
-        """A text completion (or its chunks) in llama-cpp-python's shape; ``kw``: sampling settings."""
+        """A text completion (or its chunks) in llama-cpp-python's shape; ``kw``: sampling settings
+        and ``logprobs`` (written in the chat or the text shape, as ``chat`` says)."""
+        from .logprobs import LogprobWriter
         head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
                 "model": model if model is not None else str(self.target.path)}
         ids = self.encode(prompt, chat)
         kw.update(max_tokens=self._token_limit(max_tokens, len(ids)), stop=stops)
+        writer = LogprobWriter(self.target, chat) if kw.get("logprobs") is not None else None
         if stream:
-            return self._chunks(head, ids, kw)
-        r = self.generate(ids, **kw)
-        return {**head, "choices": [{"text": r.text, "index": 0, "logprobs": None, "finish_reason": r.finish_reason}],
-                "usage": {"prompt_tokens": len(r.prompt_tokens), "completion_tokens": len(r.tokens),
-                          "total_tokens": len(r.prompt_tokens) + len(r.tokens)},
-                "moa": r.stats.to_dict()}
+            return self._chunks(head, ids, kw, writer)
+        tokens, text, lps = [], [], []
+        for p in self.stream_steps(ids, **kw):
+            tokens += p.tokens
+            text.append(p.text)
+            lps += p.logprobs
+        st = self.last_stats
+        return {**head, "choices": [{"text": "".join(text), "index": 0,
+                                     "logprobs": writer.part(lps) if writer else None,
+                                     "finish_reason": st.finish_reason or "length"}],
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(tokens),
+                          "total_tokens": len(ids) + len(tokens)},
+                "moa": st.to_dict()}
 
     def _token_limit(self, max_tokens: Optional[int], n_prompt: int) -> int:
         """llama-cpp-python's limit: None or <= 0 is up to the end of the context, and never past it."""
@@ -470,9 +485,10 @@ class SpeculativeGenerator:
             return max(room, 1)      # a prompt that fills the context: the loop refuses it
         return max_tokens
 
-    def _chunks(self, head: dict, prompt: Any, kw: dict) -> Iterator[dict]:
-        for _, piece in self.stream_tokens(prompt, **kw):
-            yield {**head, "choices": [{"text": piece, "index": 0, "logprobs": None, "finish_reason": None}]}
+    def _chunks(self, head: dict, prompt: Any, kw: dict, writer: Any = None) -> Iterator[dict]:
+        for p in self.stream_steps(prompt, **kw):
+            lp = writer.part(p.logprobs) if writer and p.logprobs else None
+            yield {**head, "choices": [{"text": p.text, "index": 0, "logprobs": lp, "finish_reason": None}]}
         yield {**head, "choices": [{"text": "", "index": 0, "logprobs": None,
                                     "finish_reason": self.last_stats.finish_reason}]}
 

@@ -22,10 +22,10 @@ PROMPT = "Q: Name three colors.\nA:"
 
 # what moa_cpp implements; every other argument of llama-cpp-python's signature is refused
 IMPLEMENTED = {"prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
-               "model", "ignore_eos"}
+               "model", "ignore_eos", "logprobs", "top_logprobs"}
 # a value that changes the output in llama-cpp-python, per refused argument
 UNSUPPORTED = {
-    "suffix": "!", "min_p": 0.1, "typical_p": 0.9, "logprobs": 1, "echo": True, "frequency_penalty": 0.5,
+    "suffix": "!", "min_p": 0.1, "typical_p": 0.9, "echo": True, "frequency_penalty": 0.5,
     "presence_penalty": 0.5, "repeat_penalty": 1.1, "tfs_z": 0.9, "mirostat_mode": 2, "mirostat_tau": 4.0,
     "mirostat_eta": 0.2, "stopping_criteria": llama_cpp.StoppingCriteriaList([lambda ids, logits: False]),
     "logits_processor": llama_cpp.LogitsProcessorList([lambda ids, logits: logits]), "grammar": object(),
@@ -33,14 +33,14 @@ UNSUPPORTED = {
 }
 UNSUPPORTED_CHAT = {
     **{k: v for k, v in UNSUPPORTED.items() if k not in ("suffix", "echo", "stopping_criteria")},
-    "logprobs": True, "top_logprobs": 3, "response_format": {"type": "json_object"},
+    "response_format": {"type": "json_object"},
     "functions": [{"name": "f", "parameters": {"type": "object"}}], "function_call": "auto",
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
     "tool_choice": "auto",
 }
 # no-op values accepted besides the defaults
 EXTRA_NOOP = {"min_p": 0.0}
-EXTRA_NOOP_CHAT = {"min_p": 0.0, "logprobs": False}
+EXTRA_NOOP_CHAT = {"min_p": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +184,35 @@ def test_max_tokens_up_to_the_context(gen):
     assert [gen._token_limit(m, 10) for m in (None, 0, -1, room + 1, 10 ** 6, 5)] == [room] * 5 + [5]
     with pytest.raises(ValueError, match="does not fit the context"):
         gen.create_completion([1] * gen.target.n_ctx, max_tokens=None)
+
+
+def test_completion_logprobs_equal_llama_cpp_pythons(gen, llm):
+    """logprobs=N: the same tokens, log-probabilities (to 1e-4: its float32 log-softmax) and
+    alternatives as llama-cpp-python's own (which needs logits_all); from verification rows."""
+    ref_llm = llama_cpp.Llama(model_path=defaults.default_target(), n_ctx=N_CTX, n_threads=1, verbose=False,
+                              flash_attn=True, logits_all=True)
+    ref = ref_llm.create_completion(PROMPT, temperature=0, max_tokens=MAX_TOKENS, logprobs=2)["choices"][0]
+    got = gen.create_completion(PROMPT, temperature=0, max_tokens=MAX_TOKENS, logprobs=2)
+    ours = got["choices"][0]["logprobs"]
+    assert got["moa"]["accepted"] > 0 and got["choices"][0]["text"] == ref["text"]
+    assert ours["tokens"] == ref["logprobs"]["tokens"]
+    assert ours["token_logprobs"] == pytest.approx(ref["logprobs"]["token_logprobs"], abs=1e-4)
+    for a, b in zip(ours["top_logprobs"], ref["logprobs"]["top_logprobs"]):
+        assert a.keys() == b.keys() and list(a.values()) == pytest.approx(list(b.values()), abs=1e-4)
+    chunks = list(gen.create_completion(PROMPT, temperature=0, max_tokens=MAX_TOKENS, logprobs=2, stream=True))
+    assert [t for c in chunks if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["tokens"]] \
+        == ours["tokens"]
+
+
+def test_chat_logprobs(gen, chat):
+    r = gen.create_chat_completion(MSGS, temperature=0, max_tokens=MAX_TOKENS, logprobs=True, top_logprobs=2)
+    content = r["choices"][0]["logprobs"]["content"]
+    assert r["choices"][0]["message"]["content"] == chat["choices"][0]["message"]["content"]
+    assert bytes(b for e in content for b in e["bytes"]).decode() == r["choices"][0]["message"]["content"]
+    assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token"] == e["token"] for e in content)
+    streamed = [e for c in gen.create_chat_completion(MSGS, temperature=0, max_tokens=MAX_TOKENS, logprobs=True,
+                                                      top_logprobs=2, stream=True)
+                if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
+    assert streamed == content
+    with pytest.raises(ValueError, match="top_logprobs"):
+        gen.create_chat_completion(MSGS, max_tokens=2, top_logprobs=2)

@@ -29,7 +29,7 @@ from .body import read_json_body, until_disconnect
 from .errors import APIError, bad_request
 from .extras import TextUtilities
 from .hosts import HostMiddleware, allowed_hosts
-from .logprobs import LogprobWriter
+from ..logprobs import LogprobWriter
 from .metrics import ServerMetrics
 from .remote_routes import RemoteAPI
 from .schemas import ChatRequest, CompletionRequest, parse_body
