@@ -18,6 +18,15 @@ def _tree(s: str) -> str:
     return "tree:" + ",".join(p.strip() for p in parts)
 
 
+def _logit_bias(s: str) -> tuple:
+    """llama.cpp's ``--logit-bias TOKEN_ID(+/-)BIAS``."""
+    import re
+    m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*", s)
+    if not m:
+        raise argparse.ArgumentTypeError(f"--logit-bias expects TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1), got {s!r}")
+    return int(m.group(1)), float(m.group(2) + m.group(3))
+
+
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     # llama.cpp's spellings (-m, -md, -n, -c, -t, -ngl, --draft-max) work alongside the long names
     p.add_argument("-m", "--model", help="target GGUF (default: the embedded default target)")
@@ -44,6 +53,13 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="top-k (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="top-p (1 = off)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    p.add_argument("--min-p", type=float, default=0.0, help="min-p (0 = off)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="repeat penalty (1 = off; greedy sees it too)")
+    p.add_argument("--repeat-last-n", type=int, default=64, help="generated tokens the penalties look at (default 64)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="presence penalty (0 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="frequency penalty (0 = off)")
+    p.add_argument("-l", "--logit-bias", action="append", default=[], metavar="ID(+|-)BIAS", type=_logit_bias,
+                   help="add BIAS to token ID's logit, e.g. 15043+1 or 15043-inf (repeatable)")
     p.add_argument("-n", "--n-predict", "--max-tokens", dest="max_tokens", type=_positive, default=256,
                    help="max new tokens (default 256)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -133,7 +149,10 @@ def run_generate(args: argparse.Namespace) -> int:
                                           draft_model=draft_model, rpc=rpc, spec_type=kinds,
                                           ngram=ngram, draft_min=args.draft_min, target_options=opts)
     kw = dict(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-              seed=args.seed, stop=args.stop, chat=chat, ignore_eos=args.ignore_eos)
+              seed=args.seed, stop=args.stop, chat=chat, ignore_eos=args.ignore_eos, min_p=args.min_p,
+              repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+              presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+              logit_bias=dict(args.logit_bias))
     if args.json:
         r = gen.generate(prompt, **kw)
         st = r.stats

@@ -14,6 +14,7 @@ Example::
 """
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -90,9 +91,8 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
 # llama-cpp-python arguments moa_cpp does not implement, and the values accepted for each: those
 # that change nothing (the first is llama-cpp-python's default). Any other value: ValueError.
 _SAMPLING_NOOP: dict = {
-    "min_p": (0.05, 0.0), "typical_p": (1.0,), "frequency_penalty": (0.0,), "presence_penalty": (0.0,),
-    "repeat_penalty": (1.0,), "tfs_z": (1.0,), "mirostat_mode": (0,), "mirostat_tau": (5.0,), "mirostat_eta": (0.1,),
-    "logits_processor": (None,), "grammar": (None,), "logit_bias": (None,),
+    "typical_p": (1.0,), "tfs_z": (1.0,), "mirostat_mode": (0,), "mirostat_tau": (5.0,), "mirostat_eta": (0.1,),
+    "logits_processor": (None,), "grammar": (None,),
 }
 _NOOP: dict = {**_SAMPLING_NOOP, "suffix": (None,), "echo": (False,),
                "stopping_criteria": (None,)}
@@ -120,12 +120,17 @@ def _stops(stop: Union[str, Sequence[str], None]) -> list:
     return [stop] if isinstance(stop, str) else list(stop or [])
 
 
-def _llama_sampling(temperature: float, top_k: int, top_p: float) -> dict:
+def _llama_sampling(temperature: float, top_k: int, top_p: float, min_p: float = 0.0, repeat_penalty: float = 1.0,
+                    frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                    logit_bias: Optional[dict] = None) -> dict:
     """llama-cpp-python's meaning of the settings: temperature 0 is greedy, < 0 samples from the
-    unmodified distribution (no temperature, top-k or top-p)."""
+    distribution the penalties leave (no temperature, top-k, top-p or min-p); penalties over the
+    last 64 generated tokens (its ``last_n_tokens_size``)."""
+    pen = dict(repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+               repeat_last_n=64, logit_bias={int(k): float(v) for k, v in (logit_bias or {}).items()})
     if temperature < 0:
-        return dict(temperature=1.0, top_k=0, top_p=1.0)
-    return dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        return dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, **pen)
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, **pen)
 
 
 def _chat_messages(messages: Any) -> list:
@@ -326,14 +331,17 @@ class SpeculativeGenerator:
     def stream_steps(self, prompt: Prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                      top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (), chat: bool = False,
                      draft: Union[str, DraftConfig, None] = None, ignore_eos: bool = False,
-                     logprobs: Optional[int] = None) -> Iterator[Piece]:
+                     logprobs: Optional[int] = None, min_p: float = 0.0, repeat_penalty: float = 1.0,
+                     frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
+                     logit_bias: Optional[dict] = None) -> Iterator[Piece]:
         """Yield a :class:`Piece` per cycle (new token ids, new text, and with ``logprobs`` = N
         the :class:`TokenLogprob` (N alternatives) of the tokens whose text this piece completes:
         logprobs travel with their text, so none is given for text a stop string cut off);
         stats in :attr:`last_stats`."""
         ids = self.encode(prompt, chat)
         self._last_prompt = ids
-        sp = SamplingParams(temperature, top_k, top_p, seed, ignore_eos=bool(ignore_eos))
+        sp = self._sampling(temperature, top_k, top_p, seed, ignore_eos, min_p, repeat_penalty, frequency_penalty,
+                            presence_penalty, repeat_last_n, logit_bias)
         cfg = parse_draft(draft) if draft is not None and self.proposer is not None else None
         stop = [s for s in stop if s]
         shown = 0          # characters of the text handed out so far
@@ -364,6 +372,26 @@ class SpeculativeGenerator:
                 yield Piece([], tail, lps.rest())
         self.last_stats = stats
 
+    def _sampling(self, temperature: float, top_k: int, top_p: float, seed: Optional[int], ignore_eos: bool,
+                  min_p: float, repeat_penalty: float, frequency_penalty: float, presence_penalty: float,
+                  repeat_last_n: int, logit_bias: Optional[dict]) -> SamplingParams:
+        """The settings, checked (a bad value is a ValueError, never a NaN distribution)."""
+        if not (temperature >= 0 and top_k >= 0 and 0 < top_p <= 1 and 0 <= min_p <= 1 and repeat_penalty > 0
+                and repeat_last_n >= -1 and all(math.isfinite(x) for x in (frequency_penalty, presence_penalty,
+                                                                              repeat_penalty))):
+            raise ValueError("sampling settings out of range: temperature >= 0, top_k >= 0, 0 < top_p <= 1, "
+                             "0 <= min_p <= 1, repeat_penalty > 0, repeat_last_n >= -1, finite penalties")
+        bias = []
+        for tok, b in (logit_bias or {}).items():
+            t = int(tok)
+            if not 0 <= t < self.target.n_vocab or math.isnan(float(b)) or float(b) == math.inf:
+                raise ValueError(f"logit_bias: token {tok} is not in the vocabulary or its bias {b} is not a number")
+            bias.append((t, float(b)))
+        return SamplingParams(temperature, top_k, top_p, seed, ignore_eos=bool(ignore_eos), min_p=min_p,
+                              repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                              presence_penalty=presence_penalty, penalty_last_n=repeat_last_n,
+                              logit_bias=tuple(sorted(bias)))
+
     def stream_tokens(self, prompt: Prompt, **kw: Any) -> Iterator[tuple[list, str]]:
         """Yield ``(new token ids, new text)`` per cycle (see :meth:`stream_steps`)."""
         for p in self.stream_steps(prompt, **kw):
@@ -377,7 +405,8 @@ class SpeculativeGenerator:
 
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (), chat: bool = False,
-                 draft: Union[str, DraftConfig, None] = None, ignore_eos: bool = False) -> GenerationResult:
+                 draft: Union[str, DraftConfig, None] = None, ignore_eos: bool = False,
+                 **sampling: Any) -> GenerationResult:
         """Generate up to ``max_tokens`` tokens.
 
         Args:
@@ -389,12 +418,17 @@ class SpeculativeGenerator:
             draft: per-call override, e.g. "chain:5" or "tree:6,8,62".
             ignore_eos: never stop at an end-of-generation token (llama.cpp's ``--ignore-eos``):
                 run to ``max_tokens`` or the end of the context.
+            sampling: ``min_p``, ``repeat_penalty``, ``frequency_penalty``, ``presence_penalty``,
+                ``repeat_last_n`` (64; the generated tokens the penalties look at), ``logit_bias``
+                ({token id: bias}), ``logprobs`` (see :meth:`stream_steps`). Order as llama.cpp:
+                bias, penalties, top-k, top-p, min-p, temperature. Penalties and bias change
+                greedy decoding too (as in llama.cpp); speculation keeps it token-identical.
         """
         tokens: list = []
         pieces: list = []
         for toks, piece in self.stream_tokens(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                               top_p=top_p, seed=seed, stop=stop, chat=chat, draft=draft,
-                                              ignore_eos=ignore_eos):
+                                              ignore_eos=ignore_eos, **sampling):
             tokens += toks
             pieces.append(piece)
         st = self.last_stats
@@ -414,18 +448,21 @@ class SpeculativeGenerator:
         response shape; the response also carries ``"moa"``: the speculative statistics.
 
         Implemented: ``prompt`` (text or ids), ``max_tokens`` (None or <= 0: up to the end of the
-        context), ``temperature`` (0: greedy, lossless; < 0: sampling from the unmodified
-        distribution, as llama-cpp-python), ``top_k``, ``top_p``, ``stop``, ``seed``, ``stream``,
-        ``model`` (the response's model name), ``logprobs`` (N alternatives per token, from the
-        verification rows), and moa_cpp's ``ignore_eos``. Every other argument
-        is accepted only at a value that changes nothing (its default; ``min_p`` also 0.0: its
-        default 0.05 is accepted but not applied), else ``ValueError``: nothing is silently dropped.
-        Greedy text equals llama-cpp-python's; sampling applies temperature, then top-k and top-p
-        (llama-cpp-python: top-k, top-p and min-p, then temperature).
+        context), ``temperature`` (0: greedy, lossless; < 0: sampling from the distribution the
+        penalties leave, as llama-cpp-python), ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``,
+        ``frequency_penalty``, ``presence_penalty`` (over the last 64 generated tokens),
+        ``logit_bias``, ``stop``, ``seed``, ``stream``, ``model`` (the response's model name),
+        ``logprobs`` (N alternatives per token, from the verification rows), and moa_cpp's
+        ``ignore_eos``; in llama-cpp-python's order (bias, penalties, top-k, top-p, min-p,
+        temperature). Every other argument is accepted only at a value that changes nothing (its
+        default), else ``ValueError``: nothing is silently dropped. Greedy text equals
+        llama-cpp-python's, penalties included.
         """
         _refuse_unsupported("create_completion", locals(), _NOOP)
         return self._completion(prompt, False, max_tokens, _stops(stop), stream, model, seed=seed,
-                                ignore_eos=ignore_eos, logprobs=logprobs, **_llama_sampling(temperature, top_k, top_p))
+                                ignore_eos=ignore_eos, logprobs=logprobs,
+                                **_llama_sampling(temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
+                                                  presence_penalty, logit_bias))
 
     def create_chat_completion(self, messages: List[dict], functions: Any = None, function_call: Any = None,
                                tools: Any = None, tool_choice: Any = None, temperature: float = 0.2,
@@ -450,7 +487,8 @@ class SpeculativeGenerator:
         eos = self.target.detokenize([self.target.eos_token], special=True) if self.target.eos_token >= 0 else ""
         out = self._completion(_chat_messages(messages), True, max_tokens, _stops(stop) + [eos], stream, model,
                                seed=seed, ignore_eos=ignore_eos, logprobs=(top_logprobs or 0) if logprobs else None,
-                               **_llama_sampling(temperature, top_k, top_p))
+                               **_llama_sampling(temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
+                                                 presence_penalty, logit_bias))
         return _chat_chunks(out) if stream else _chat_response(out)
 
     def _completion(self, prompt: Any, chat: bool, max_tokens: Optional[int], stops: list, stream: bool,

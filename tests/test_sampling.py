@@ -112,3 +112,45 @@ def test_seeded_determinism(logits):
     prop = Proposal(np.array([1, 2], np.int32), np.array([-1, 0], np.int32), np.array([1, 2], np.int32))
     a = [verify_sampling(prop, logits, sp, np.random.default_rng(3)) for _ in range(2)]
     assert (a[0].path, a[0].bonus) == (a[1].path, a[1].bonus)
+
+
+def test_tree_with_penalties_and_min_p_keeps_the_joint_law():
+    """Penalties give every row its own history (the generated tokens plus the path to the row);
+    with min-p and a point-mass tree (2 siblings, one child each) the joint law of the first two
+    emitted tokens is the plain process's: t1 from the penalised root row, t2 from t1's row
+    penalised with t1 in its window. The toy target likes to repeat its last token and each child
+    draft repeats its parent, so rows given the root's history instead (the repeat not penalised)
+    are caught: they emit pairs the target never samples."""
+    from moa_cpp.speculative.penalties import adjust_rows
+    sp = SamplingParams(0.8, min_p=0.05, repeat_penalty=2.0, frequency_penalty=0.3, presence_penalty=1.0,
+                        penalty_last_n=4)
+    hist = [3, 5, 3]
+    rng = np.random.default_rng(17)
+
+    def tgt(prefix: tuple) -> np.ndarray:
+        x = _toy_target(prefix)
+        if prefix:
+            x[prefix[-1]] += 3.0
+        return x
+
+    def p_after(prefix: tuple) -> np.ndarray:
+        return probs_from_logits(adjust_rows(tgt(prefix)[None], sp, hist + list(prefix))[0], sp)
+
+    def joint_counts(rows: np.ndarray, n: int) -> np.ndarray:
+        counts = np.zeros((V, V), np.int64)
+        for _ in range(n):
+            v = verify_sampling(prop, rows, sp, rng)
+            out = v.tokens + [v.bonus]
+            if len(out) < 2:
+                out.append(int(rng.choice(V, p=p_after((out[0],)))))
+            counts[out[0], out[1]] += 1
+        return counts.reshape(-1)
+    sib = [int(a) for a in np.argsort(-tgt(()))[:2]]
+    prop = Proposal(np.array(sib + sib, np.int32), np.array([-1, -1, 0, 1], np.int32), np.array([1, 1, 2, 2], np.int32))
+    raw = np.stack([tgt(()), tgt((sib[0],)), tgt((sib[1],)), tgt((sib[0], sib[0])), tgt((sib[1], sib[1]))])
+    p1 = p_after(())
+    joint = np.stack([p1[a] * p_after((a,)) for a in range(V)]).reshape(-1)
+    assert _p_value(joint_counts(adjust_rows(raw, sp, hist, prop), N), joint) > ALPHA
+    wrong = joint_counts(adjust_rows(raw, sp, hist), N // 4)
+    # caught: it emits pairs the target never samples (min-p removed them), or the law is off
+    assert wrong[joint == 0].sum() > 0 or _p_value(wrong, joint) < 1e-12

@@ -1,12 +1,12 @@
-"""The sampling transforms (``probs_from_logits``: temperature, top-k, top-p) against an
+"""The sampling transforms (``probs_from_logits``: top-k, top-p, min-p, temperature) against an
 independent reference: llama.cpp's own samplers, called through llama-cpp-python on the same
 logits, on many random logit vectors.
 
-llama.cpp's ``temp``, ``top_k`` and ``top_p`` samplers are chained in moa_cpp's documented order
-(temperature, then top-k, then top-p on the tempered distribution); the chain's surviving
-candidates, softmaxed, are the reference distribution. The two must keep the same tokens and
-agree to float32 rounding. Mutations this catches (each tried on ``probs_from_logits``): ignoring
-the temperature, top-k keeping k - 1 tokens, top-p keeping one token more than needed.
+llama.cpp's ``top_k``, ``top_p``, ``min_p`` and ``temp`` samplers are chained in llama.cpp's (and
+llama-cpp-python's) order; the chain's surviving candidates, softmaxed, are the reference
+distribution. The two must keep the same tokens and agree to float32 rounding. Mutations this
+catches (each tried on ``probs_from_logits``): ignoring the temperature, top-k keeping k - 1
+tokens, top-p keeping one token more than needed, min-p measured on the tempered distribution.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 
 def llama_cpp_probs(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
-    """The distribution llama.cpp's temp -> top_k -> top_p chain leaves, as float64 [V]."""
+    """The distribution llama.cpp's top_k -> top_p -> min_p -> temp chain leaves, as float64 [V]."""
     v = logits.size
     arr = (llama_cpp.llama_token_data * v)()
     for i, x in enumerate(logits.tolist()):
@@ -30,9 +30,10 @@ def llama_cpp_probs(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
     cur = llama_cpp.llama_token_data_array(data=arr, size=v, selected=-1, sorted=False)
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     try:
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(sp.temperature))
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(sp.top_k))
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(sp.top_p, 1))
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_min_p(sp.min_p, 1))
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(sp.temperature))
         llama_cpp.llama_sampler_apply(chain, ctypes.byref(cur))
     finally:
         llama_cpp.llama_sampler_free(chain)
@@ -53,7 +54,8 @@ def _cases(n: int = 240):
         scale = float(rng.choice([0.5, 2.0, 5.0]))
         logits = (rng.normal(0, scale, v)).astype(np.float32)
         sp = SamplingParams(float(rng.choice([0.25, 0.7, 1.0, 1.6])), int(rng.choice([0, 1, 2, 5, 40])),
-                            float(rng.choice([1.0, 0.95, 0.8, 0.5, 0.1])))
+                            float(rng.choice([1.0, 0.95, 0.8, 0.5, 0.1])),
+                            min_p=float(rng.choice([0.0, 0.0, 0.05, 0.2])))
         yield i, logits, sp
 
 
@@ -85,3 +87,7 @@ def test_the_reference_sees_each_transform():
     kept = np.sort(base)[::-1]
     need = int(np.searchsorted(np.cumsum(kept), 0.5) + 1)       # smallest prefix with mass >= 0.5
     assert (p > 0).sum() == need
+    # min-p on the untempered distribution: the same tokens at any temperature
+    m = llama_cpp_probs(logits, SamplingParams(1.0, min_p=0.1))
+    assert (m > 0).sum() == (base >= 0.1 * base.max()).sum() < 200
+    assert ((llama_cpp_probs(logits, SamplingParams(0.3, min_p=0.1)) > 0) == (m > 0)).all()

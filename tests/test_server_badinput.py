@@ -100,8 +100,9 @@ RANGE_BAD = [
     ("seed", -5), ("seed", -2), ("seed", 2 ** 64), ("seed", -(10 ** 30)), ("seed", 10 ** 40),
     ("top_k", -1), ("top_k", 2 ** 31), ("top_k", 10 ** 30),
     ("n", 2), ("n", 0), ("n", -1), ("n", 10 ** 6),
-    ("presence_penalty", 0.5), ("presence_penalty", -2), ("frequency_penalty", 1), ("frequency_penalty", -0.1),
-    ("logit_bias", {"1": 5}), ("logit_bias", {"50256": -100}),
+    ("presence_penalty", 2.5), ("presence_penalty", -2.01), ("frequency_penalty", 3), ("frequency_penalty", -9),
+    ("logit_bias", {"1": 101}), ("logit_bias", {"50256": -100}), ("logit_bias", {"x": 1}), ("logit_bias", {"-1": 1}),
+    ("min_p", 1.5), ("min_p", -0.1), ("repeat_penalty", 0), ("repeat_penalty", -1), ("repeat_last_n", -2),
     ("stop", ["a"] * 17), ("stop", "x" * 257), ("stop", ["ok", "y" * 1000]),
     ("model", "m" * 257), ("user", "u" * 257),
 ]

@@ -141,7 +141,7 @@ def test_llama_cpp_request_fields(server):
                          ("response_format", {"type": "json_object"})):
         st, _, e = server.post("/v1/chat/completions", {**CHAT, field: value}, key=KEY)
         assert st == 400 and e["error"]["code"] == "unsupported_parameter" and e["error"]["param"] == field, e
-    for field, value in (("n_probs", 21), ("repeat_penalty", 1.1), ("mirostat", 2)):
+    for field, value in (("n_probs", 21), ("repeat_penalty", 0), ("mirostat", 2)):
         st, _, e = server.post("/v1/chat/completions", {**CHAT, field: value}, key=KEY)
         assert st == 400 and e["error"]["param"] == field
     st, _, e = server.post("/v1/chat/completions", {**CHAT, "no_such_field": 1}, key=KEY)
@@ -218,3 +218,26 @@ def test_completion_logprobs_with_offsets_and_a_stop(server):
     assert joined.startswith(cut["text"]) and len(joined) - len(cut["logprobs"]["tokens"][-1]) < len(cut["text"])
     st, _, e = server.post("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, key=KEY)
     assert st == 400 and e["error"]["param"] == "top_logprobs"
+
+
+def test_penalties_bias_and_min_p_as_llama_cpp_python(server):
+    """Greedy with penalties and logit bias: the server's answer (speculative, chain 3) equals
+    llama-cpp-python's own with the same settings; min-p and a seed reproduce under sampling."""
+    from llama_cpp import Llama
+
+    from moa_cpp import defaults
+    llm = Llama(model_path=defaults.default_target(), n_ctx=512, n_threads=1, flash_attn=True, verbose=False)
+    msgs = [{"role": "user", "content": "Count: one, two, three, one, two, three, one, two,"}]
+    kw = {"repeat_penalty": 1.4, "presence_penalty": 0.5, "logit_bias": {"28": 3.0}}
+    ref = llm.create_chat_completion(msgs, temperature=0, max_tokens=24,
+                                     **{**kw, "logit_bias": {28: 3.0}})["choices"][0]["message"]["content"]
+    plain = llm.create_chat_completion(msgs, temperature=0, max_tokens=24)["choices"][0]["message"]["content"]
+    st, _, r = server.post("/v1/chat/completions", {"messages": msgs, "temperature": 0, "max_tokens": 24, **kw},
+                           key=KEY)
+    assert st == 200 and ref != plain and r["choices"][0]["message"]["content"] == ref
+    body = {"messages": msgs, "temperature": 1.2, "min_p": 0.2, "seed": 4, "max_tokens": 16}
+    a, b = (server.post("/v1/chat/completions", body, key=KEY)[2]["choices"][0]["message"]["content"]
+            for _ in range(2))
+    assert a == b
+    st, _, e = server.post("/v1/chat/completions", {**body, "logit_bias": {"49152": 1}}, key=KEY)
+    assert st == 400 and e["error"]["param"] == "logit_bias"

@@ -49,7 +49,7 @@ def test_valid_requests_and_defaults():
     ({"prompt": "x", "seed": -5}, "seed"),
     ({"prompt": "x", "n": 2}, "n"),
     ({"prompt": "x", "logprobs": 6}, "logprobs"),
-    ({"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"prompt": "x", "frequency_penalty": 2.5}, "frequency_penalty"),
     ({"prompt": "x", "stop": ["a"] * 17}, "stop"),
     ({"prompt": "x", "bogus": 1}, "bogus"),
     ({"prompt": "x", "moa": {"draft": "banana"}}, "moa.draft"),

@@ -70,6 +70,7 @@ class Server:
         self.chains_only = bool(getattr(gen.proposer, "chains_only", False))   # a draft model alone
         self.spec_type = gen.spec_type
         self.n_ctx = gen.target.n_ctx
+        self.n_vocab = gen.target.n_vocab
         self.max_tokens_limit = settings.max_tokens_limit or self.n_ctx
         self.metrics = ServerMetrics(self, settings.metrics)
 
@@ -108,7 +109,8 @@ class Server:
                               param="max_tokens")
         prompt = req.message_dicts() if chat else req.prompt_value()
         return GenParams(prompt, chat, limit, req.temperature, req.top_k, req.top_p, req.seed_or_none,
-                         req.stops, self._draft_override(req), req.ignore_eos, req.n_logprobs)
+                         req.stops, self._draft_override(req), req.ignore_eos, req.n_logprobs,
+                         req.sampling_extras(self.n_vocab))
 
 
 def _error_of(exc: BaseException) -> APIError:

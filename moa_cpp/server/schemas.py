@@ -4,9 +4,11 @@ Fields and defaults follow OpenAI and llama-cpp-python's server (temperature 0.8
 top_k 40; completions: max_tokens 16). Types are strict (``"5"`` is not a number), numbers must
 be finite and in range, and an unknown field is an error, as OpenAI answers ("Unrecognized
 request argument"). OpenAI fields this server does not implement are accepted only at their
-no-op values (n=1, echo=false, penalties 0, no logprobs, no logit_bias). llama.cpp server fields
-are accepted where they are implemented (top_k, ignore_eos) or only hints (cache_prompt), at
-their no-op values where not implemented yet (repeat_penalty 1, typical_p 1, tfs_z 1, mirostat 0);
+no-op values (n=1, echo=false). Sampling as llama.cpp samples: logit_bias, penalties
+(presence / frequency as OpenAI, llama.cpp's repeat_penalty and repeat_last_n), top-k, top-p,
+min-p (0.05, llama-cpp-python's server default), temperature. llama.cpp server fields are
+accepted where they are implemented (top_k, min_p, ignore_eos, penalties) or only hints
+(cache_prompt), at their no-op values where not implemented yet (typical_p 1, tfs_z 1, mirostat 0);
 ``n_probs`` asks for logprobs as ``logprobs`` / ``top_logprobs`` do; ``grammar``, ``json_schema`` and a ``response_format`` other than text are refused
 with ``unsupported_parameter`` (defined, not built yet), unlike fields nobody defines
 (``unknown_parameter``).
@@ -63,9 +65,13 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     n: Annotated[int, Field(ge=1, le=1)] = 1
-    presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
-    frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
-    logit_bias: Optional[Annotated[dict[str, float], Field(max_length=0)]] = None
+    # llama.cpp's sampling (llama-cpp-python's order and server defaults, but repeat_penalty 1: OpenAI
+    # clients expect no penalty they did not ask for): bias, penalties, top-k, top-p, min-p, temperature
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.05
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    logit_bias: Optional[Annotated[dict[Annotated[str, Field(max_length=12)], Annotated[float, Field(ge=-100, le=100)]],
+                                   Field(max_length=1024)]] = None
     user: Optional[Annotated[str, Field(max_length=256)]] = None
     # llama.cpp server's field: never stop at an end-of-generation token (run to max_tokens)
     ignore_eos: bool = False
@@ -73,8 +79,8 @@ class _Sampling(BaseModel):
     # llama.cpp server's fields: a hint (each request is decoded whole today), no-op values
     cache_prompt: bool = True
     n_probs: Annotated[int, Field(ge=0, le=20)] = 0           # llama.cpp: top alternatives (= logprobs)
-    repeat_penalty: Annotated[float, Field(ge=1.0, le=1.0)] = 1.0
-    repeat_last_n: Annotated[int, Field(ge=-1, le=2 ** 31 - 1)] = 64
+    repeat_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    repeat_last_n: Annotated[int, Field(ge=-1, le=1 << 20)] = 64
     typical_p: Annotated[float, Field(ge=1.0, le=1.0)] = 1.0
     tfs_z: Annotated[float, Field(ge=1.0, le=1.0)] = 1.0
     mirostat: Annotated[int, Field(ge=0, le=0)] = 0
@@ -102,6 +108,17 @@ class _Sampling(BaseModel):
     @property
     def stops(self) -> list:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def sampling_extras(self, n_vocab: int) -> dict:
+        """min-p, penalties and bias as ``SpeculativeGenerator.stream_steps`` takes them."""
+        bias = {}
+        for k, v in (self.logit_bias or {}).items():
+            if not k.strip().isdigit() or not 0 <= int(k) < n_vocab:
+                raise bad_request(f"logit_bias: {k!r} is not a token id of this model (0..{n_vocab - 1})",
+                                  param="logit_bias")
+            bias[int(k)] = v
+        return dict(min_p=self.min_p, repeat_penalty=self.repeat_penalty, frequency_penalty=self.frequency_penalty,
+                    presence_penalty=self.presence_penalty, repeat_last_n=self.repeat_last_n, logit_bias=bias)
 
     @property
     def seed_or_none(self) -> Optional[int]:

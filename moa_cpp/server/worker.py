@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .errors import APIError, bad_request
@@ -31,6 +31,7 @@ class GenParams:
     draft: Optional[str]
     ignore_eos: bool = False
     logprobs: Optional[int] = None    # each token's logprob and this many alternatives (None: off)
+    sampling: dict = field(default_factory=dict)   # min_p, penalties, logit_bias (stream_steps keywords)
 
 
 class Job:
@@ -83,7 +84,7 @@ class Job:
             self._put("ready", len(ids))
             it = gen.stream_steps(ids, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
                                   top_p=p.top_p, seed=p.seed, stop=p.stop, draft=p.draft,
-                                  ignore_eos=p.ignore_eos, logprobs=p.logprobs)
+                                  ignore_eos=p.ignore_eos, logprobs=p.logprobs, **p.sampling)
             try:
                 for piece in it:
                     self._put("piece", list(piece.tokens), piece.text, piece.logprobs)

@@ -25,6 +25,7 @@ from .policy import Policy, make_policy
 from .scorer import TargetScorer
 from .types import (NO_DRAFT, DraftConfig, Proposal, Proposer, SamplingParams, Scores, SpecStats, StepResult,
                     TokenLogprob, Verdict)
+from .penalties import adjust_rows
 from .verify import probs_from_logits, verify
 
 
@@ -56,6 +57,7 @@ class Generation:
     finished: bool = False
     t_start: float = 0.0
     n_logprobs: int = -1           # >= 0: each emitted token's logprob and this many top alternatives
+    history: list = field(default_factory=list)  # emitted tokens (the root last): penalties' window
 
 
 def _eog_masked(logits: np.ndarray, target: Target, sp: SamplingParams) -> np.ndarray:
@@ -182,7 +184,7 @@ class SpeculativeLoop:
             g.stats.prefill_calls += 1
             if capture:
                 self.proposer.observe(tgt.captured_lsa_in(), off)
-        last_row = _eog_masked(logits[-1], tgt, sp)
+        last_row = adjust_rows(_eog_masked(logits[-1:], tgt, sp), sp, g.history)[0]
         g.root = _sample(last_row, sp, g.rng)
         g.stats.t_prefill = time.perf_counter() - t0
         g.feed, g.n = list(prompt), int(prompt.size)
@@ -212,7 +214,7 @@ class SpeculativeLoop:
         except CacheFullError:
             return self._finish(g, "length")     # llama.cpp left the cache unchanged
         t_target = time.perf_counter() - t
-        scores.logits = _eog_masked(scores.logits, self.target, g.sp)
+        scores.logits = adjust_rows(_eog_masked(scores.logits, self.target, g.sp), g.sp, g.history, proposal)
         verdict = verify(proposal, scores.logits, g.sp, g.rng)
         if self.on_cycle is not None:
             self.on_cycle(g.n, g.root, proposal, scores, verdict)
@@ -247,7 +249,7 @@ class SpeculativeLoop:
         except CacheFullError:
             return self._finish(g, "length")
         t_target = time.perf_counter() - t
-        logits = _eog_masked(logits, self.target, g.sp)
+        logits = adjust_rows(_eog_masked(logits, self.target, g.sp), g.sp, g.history)
         nxt = _sample(logits[0], g.sp, g.rng)
         if self.on_cycle is not None:
             self.on_cycle(g.n, g.root, Proposal.empty(), Scores(logits, np.zeros(1, np.int64)), Verdict([], [], nxt))
@@ -342,6 +344,8 @@ class SpeculativeLoop:
                 break
             out.append(tok)
         g.generated += len(out)
+        if g.sp.penalized:
+            g.history += out
         if not reason and g.generated >= g.max_tokens:
             reason = "length"
         st = g.stats

@@ -26,10 +26,28 @@ class SamplingParams:
     top_p: float = 1.0      # 1 = off
     seed: Optional[int] = None
     ignore_eos: bool = False
+    min_p: float = 0.0      # 0 = off; llama.cpp's: keep tokens with p >= min_p * p_max
+    # penalties over the last ``penalty_last_n`` generated tokens (llama.cpp's penalties sampler,
+    # fed the sampled tokens as llama-cpp-python feeds it): greedy decoding sees them too
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    penalty_last_n: int = 64
+    logit_bias: tuple = ()  # ((token id, bias), ...) added to the logits first
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.penalty_last_n != 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
+                                              or self.presence_penalty != 0.0)
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """True if rows need :func:`moa_cpp.speculative.penalties.adjust_rows` (bias or penalties)."""
+        return bool(self.logit_bias) or self.penalized
 
 
 @dataclass(frozen=True)

@@ -13,23 +13,29 @@ from .types import Proposal, SamplingParams, Verdict
 
 
 def probs_from_logits(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
-    """The sampling distribution (temperature, then top-k, then top-p) as float64 [V]."""
-    x = np.asarray(logits, dtype=np.float64) / sp.temperature
+    """The sampling distribution as float64 [V], in llama.cpp's (and llama-cpp-python's) chain
+    order: top-k, top-p, min-p on the untempered distribution, then the temperature over the
+    tokens left. (Logit bias and penalties come before, on the rows: ``penalties.adjust_rows``.)"""
+    x = np.asarray(logits, dtype=np.float64)
+    keep = np.isfinite(x)
     if sp.top_k and 0 < sp.top_k < x.size:
         kth = np.partition(x, -sp.top_k)[-sp.top_k]
-        x = np.where(x >= kth, x, -np.inf)
-    x = x - x.max()
-    p = np.exp(x)
-    p /= p.sum()
-    if sp.top_p < 1.0:
-        order = np.argsort(-p, kind="stable")
-        c = np.cumsum(p[order])
-        keep = c - p[order] < sp.top_p          # smallest prefix with mass >= top_p
-        mask = np.zeros_like(p, dtype=bool)
-        mask[order[keep]] = True
-        p = np.where(mask, p, 0.0)
+        keep &= x >= kth
+    if sp.top_p < 1.0 or sp.min_p > 0.0:
+        z = np.where(keep, x, -np.inf)
+        p = np.exp(z - z.max())
         p /= p.sum()
-    return p
+        if sp.top_p < 1.0:
+            order = np.argsort(-p, kind="stable")
+            c = np.cumsum(p[order])
+            top = np.zeros_like(keep)
+            top[order[c - p[order] < sp.top_p]] = True       # smallest prefix with mass >= top_p
+            keep &= top
+        if sp.min_p > 0.0:
+            keep &= p >= sp.min_p * p.max()                  # the most likely token always stays
+    z = np.where(keep, x / sp.temperature, -np.inf)
+    p = np.exp(z - z.max())
+    return p / p.sum()
 
 
 def _sample(p: np.ndarray, rng: np.random.Generator) -> int:
