@@ -42,8 +42,9 @@ def main() -> int:
     ax.errorbar(x, y, yerr=err, fmt="o-", capsize=4)
     for p in pts:
         r = Path(p["run"])
-        ax.annotate(r.stem if r.suffix == ".gguf" and r.parent.name == "cont" else
-                    (r.parent.name if r.suffix == ".gguf" else r.name), (p["token_passes"], p["tau"]),
+        # a run's drafter.gguf is named by its directory, any other GGUF by its own name
+        ax.annotate((r.parent.name if r.stem == "drafter" else r.stem) if r.suffix == ".gguf" else r.name,
+                    (p["token_passes"], p["tau"]),
                     textcoords="offset points", xytext=(4, -12), fontsize=7)
     ax.set_xscale("log")
     ax.set_xlabel("cumulative token passes (response tokens seen in training, all runs)")
