@@ -116,7 +116,7 @@ def _prompt(args: argparse.Namespace) -> tuple:
         except (OSError, UnicodeDecodeError) as e:
             raise InvalidArgumentError(f"-f/--file {args.file}: {getattr(e, 'strerror', None) or e}") from None
     if text is None:
-        raise InvalidArgumentError("-p/--prompt or -f/--file is required")
+        raise InvalidArgumentError("-p/--prompt is required (or -f/--file)")
     if args.system_prompt is None:
         return text, args.chat
     return [{"role": "system", "content": args.system_prompt}, {"role": "user", "content": text}], True
