@@ -60,6 +60,10 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="frequency penalty (0 = off)")
     p.add_argument("-l", "--logit-bias", action="append", default=[], metavar="ID(+|-)BIAS", type=_logit_bias,
                    help="add BIAS to token ID's logit, e.g. 15043+1 or 15043-inf (repeatable)")
+    p.add_argument("--grammar", metavar="GBNF", help="constrain the output with a llama.cpp GBNF grammar")
+    p.add_argument("--grammar-file", metavar="FILE", help="read the GBNF grammar from FILE")
+    p.add_argument("-j", "--json-schema", metavar="SCHEMA",
+                   help="constrain the output to JSON following this schema (JSON text; {} = any JSON object)")
     p.add_argument("-n", "--n-predict", "--max-tokens", dest="max_tokens", type=_positive, default=256,
                    help="max new tokens (default 256)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -122,6 +126,27 @@ def _prompt(args: argparse.Namespace) -> tuple:
     return [{"role": "system", "content": args.system_prompt}, {"role": "user", "content": text}], True
 
 
+def _grammar(args: argparse.Namespace):
+    """The GBNF text of --grammar / --grammar-file / --json-schema (at most one), or None."""
+    from .structured import StructuredOutputError, grammar_for_json_schema, grammar_text
+
+    given = [n for n in ("grammar", "grammar_file", "json_schema") if getattr(args, n) is not None]
+    if len(given) > 1:
+        raise InvalidArgumentError("give one of --grammar, --grammar-file and -j/--json-schema")
+    try:
+        if args.grammar_file is not None:
+            try:
+                return grammar_text(open(args.grammar_file, encoding="utf-8").read())
+            except (OSError, UnicodeDecodeError) as e:
+                raise InvalidArgumentError(f"--grammar-file {args.grammar_file}: "
+                                           f"{getattr(e, 'strerror', None) or e}") from None
+        if args.json_schema is not None:
+            return grammar_for_json_schema(args.json_schema, "-j/--json-schema")
+        return grammar_text(args.grammar)
+    except StructuredOutputError as e:
+        raise InvalidArgumentError(str(e)) from None
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from .generator import SpeculativeGenerator
     from .rpc import parse_endpoints
@@ -140,6 +165,7 @@ def run_generate(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("-cnv/--conversation: the interactive chat is not built yet; run "
                                    "`moa-cpp generate --chat -p ...` per turn, or `moa-cpp serve` for a chat client")
     prompt, chat = _prompt(args)
+    grammar = _grammar(args)
     opts = target_options(args)
     target, drafter, draft_model, kinds, draft = _resolve_models(args)
     rpc = parse_endpoints(args.rpc) if args.rpc else None
@@ -152,7 +178,14 @@ def run_generate(args: argparse.Namespace) -> int:
               seed=args.seed, stop=args.stop, chat=chat, ignore_eos=args.ignore_eos, min_p=args.min_p,
               repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
               presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-              logit_bias=dict(args.logit_bias))
+              logit_bias=dict(args.logit_bias), grammar=grammar)
+    if grammar is not None:
+        from .speculative.grammar import Grammar
+        try:        # a bad grammar is a usage error before anything is printed
+            Grammar.compile(gen.target, grammar).close()
+        except ValueError as e:
+            gen.close()
+            raise InvalidArgumentError(str(e)) from None
     if args.json:
         r = gen.generate(prompt, **kw)
         st = r.stats

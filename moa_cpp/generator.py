@@ -26,6 +26,7 @@ from .drafter import DrafterModel
 from .speculative.loop import SpeculativeLoop
 from .speculative.proposers import NgramSettings, make_proposer, moa_state, parse_spec_type
 from .speculative.types import DraftConfig, SamplingParams, SpecStats
+from .structured import grammar_text, request_grammar
 from .target import Target
 
 Prompt = Union[str, Sequence[int]]
@@ -92,12 +93,12 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
 # that change nothing (the first is llama-cpp-python's default). Any other value: ValueError.
 _SAMPLING_NOOP: dict = {
     "typical_p": (1.0,), "tfs_z": (1.0,), "mirostat_mode": (0,), "mirostat_tau": (5.0,), "mirostat_eta": (0.1,),
-    "logits_processor": (None,), "grammar": (None,),
+    "logits_processor": (None,),
 }
 _NOOP: dict = {**_SAMPLING_NOOP, "suffix": (None,), "echo": (False,),
                "stopping_criteria": (None,)}
 _CHAT_NOOP: dict = {**_SAMPLING_NOOP, "functions": (None,),
-                    "function_call": (None,), "tools": (None,), "tool_choice": (None,), "response_format": (None,)}
+                    "function_call": (None,), "tools": (None,), "tool_choice": (None,)}
 
 
 def _is_value(value: Any, accepted: Any) -> bool:
@@ -333,15 +334,16 @@ class SpeculativeGenerator:
                      draft: Union[str, DraftConfig, None] = None, ignore_eos: bool = False,
                      logprobs: Optional[int] = None, min_p: float = 0.0, repeat_penalty: float = 1.0,
                      frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
-                     logit_bias: Optional[dict] = None) -> Iterator[Piece]:
+                     logit_bias: Optional[dict] = None, grammar: Any = None) -> Iterator[Piece]:
         """Yield a :class:`Piece` per cycle (new token ids, new text, and with ``logprobs`` = N
         the :class:`TokenLogprob` (N alternatives) of the tokens whose text this piece completes:
         logprobs travel with their text, so none is given for text a stop string cut off);
-        stats in :attr:`last_stats`."""
+        stats in :attr:`last_stats`. ``grammar``: GBNF text or a ``llama_cpp.LlamaGrammar``
+        (llama.cpp's grammar on every verification row: :mod:`moa_cpp.speculative.grammar`)."""
         ids = self.encode(prompt, chat)
         self._last_prompt = ids
         sp = self._sampling(temperature, top_k, top_p, seed, ignore_eos, min_p, repeat_penalty, frequency_penalty,
-                            presence_penalty, repeat_last_n, logit_bias)
+                            presence_penalty, repeat_last_n, logit_bias, grammar)
         cfg = parse_draft(draft) if draft is not None and self.proposer is not None else None
         stop = [s for s in stop if s]
         shown = 0          # characters of the text handed out so far
@@ -374,7 +376,7 @@ class SpeculativeGenerator:
 
     def _sampling(self, temperature: float, top_k: int, top_p: float, seed: Optional[int], ignore_eos: bool,
                   min_p: float, repeat_penalty: float, frequency_penalty: float, presence_penalty: float,
-                  repeat_last_n: int, logit_bias: Optional[dict]) -> SamplingParams:
+                  repeat_last_n: int, logit_bias: Optional[dict], grammar: Any = None) -> SamplingParams:
         """The settings, checked (a bad value is a ValueError, never a NaN distribution)."""
         if not (temperature >= 0 and top_k >= 0 and 0 < top_p <= 1 and 0 <= min_p <= 1 and repeat_penalty > 0
                 and repeat_last_n >= -1 and all(math.isfinite(x) for x in (frequency_penalty, presence_penalty,
@@ -390,7 +392,7 @@ class SpeculativeGenerator:
         return SamplingParams(temperature, top_k, top_p, seed, ignore_eos=bool(ignore_eos), min_p=min_p,
                               repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                               presence_penalty=presence_penalty, penalty_last_n=repeat_last_n,
-                              logit_bias=tuple(sorted(bias)))
+                              logit_bias=tuple(sorted(bias)), grammar=grammar_text(grammar))
 
     def stream_tokens(self, prompt: Prompt, **kw: Any) -> Iterator[tuple[list, str]]:
         """Yield ``(new token ids, new text)`` per cycle (see :meth:`stream_steps`)."""
@@ -420,8 +422,9 @@ class SpeculativeGenerator:
                 run to ``max_tokens`` or the end of the context.
             sampling: ``min_p``, ``repeat_penalty``, ``frequency_penalty``, ``presence_penalty``,
                 ``repeat_last_n`` (64; the generated tokens the penalties look at), ``logit_bias``
-                ({token id: bias}), ``logprobs`` (see :meth:`stream_steps`). Order as llama.cpp:
-                bias, penalties, top-k, top-p, min-p, temperature. Penalties and bias change
+                ({token id: bias}), ``logprobs`` (see :meth:`stream_steps`), ``grammar`` (GBNF
+                text or a ``llama_cpp.LlamaGrammar``). Order as llama.cpp: bias, penalties,
+                grammar, top-k, top-p, min-p, temperature. Penalties and bias change
                 greedy decoding too (as in llama.cpp); speculation keeps it token-identical.
         """
         tokens: list = []
@@ -452,7 +455,9 @@ class SpeculativeGenerator:
         penalties leave, as llama-cpp-python), ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``,
         ``frequency_penalty``, ``presence_penalty`` (over the last 64 generated tokens),
         ``logit_bias``, ``stop``, ``seed``, ``stream``, ``model`` (the response's model name),
-        ``logprobs`` (N alternatives per token, from the verification rows), and moa_cpp's
+        ``logprobs`` (N alternatives per token, from the verification rows: the model's, before
+        the grammar, as llama-cpp-python's), ``grammar`` (a ``LlamaGrammar``: llama.cpp's grammar
+        on every verification row, after the penalties), and moa_cpp's
         ``ignore_eos``; in llama-cpp-python's order (bias, penalties, top-k, top-p, min-p,
         temperature). Every other argument is accepted only at a value that changes nothing (its
         default), else ``ValueError``: nothing is silently dropped. Greedy text equals
@@ -460,7 +465,7 @@ class SpeculativeGenerator:
         """
         _refuse_unsupported("create_completion", locals(), _NOOP)
         return self._completion(prompt, False, max_tokens, _stops(stop), stream, model, seed=seed,
-                                ignore_eos=ignore_eos, logprobs=logprobs,
+                                ignore_eos=ignore_eos, logprobs=logprobs, grammar=grammar,
                                 **_llama_sampling(temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
                                                   presence_penalty, logit_bias))
 
@@ -479,14 +484,17 @@ class SpeculativeGenerator:
         the same arguments, defaults and response / chunk shapes, plus ``"moa"`` (the statistics)
         in a whole response. ``messages``: ``{"role", "content"}`` dicts, the content a string or
         a list of ``{"type": "text", "text": ...}`` parts. Implemented and refused arguments as in
-        :meth:`create_completion` (tools, functions, response_format, grammar: only their
-        defaults); ``logprobs=True`` with ``top_logprobs`` N gives OpenAI's chat logprobs."""
+        :meth:`create_completion` (tools, functions: only their defaults); ``response_format``
+        ``{"type": "json_object"}`` (with llama-cpp-python's optional ``"schema"``) or OpenAI's
+        ``{"type": "json_schema", "json_schema": {"schema": ...}}`` constrains the output to
+        JSON (llama.cpp's grammar), as does ``grammar``; ``logprobs=True`` with ``top_logprobs`` N gives OpenAI's chat logprobs."""
         _refuse_unsupported("create_chat_completion", locals(), _CHAT_NOOP)
         if top_logprobs is not None and not logprobs:
             raise ValueError("create_chat_completion(top_logprobs=...) needs logprobs=True")
         eos = self.target.detokenize([self.target.eos_token], special=True) if self.target.eos_token >= 0 else ""
         out = self._completion(_chat_messages(messages), True, max_tokens, _stops(stop) + [eos], stream, model,
                                seed=seed, ignore_eos=ignore_eos, logprobs=(top_logprobs or 0) if logprobs else None,
+                               grammar=request_grammar(grammar, None, response_format),
                                **_llama_sampling(temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
                                                  presence_penalty, logit_bias))
         return _chat_chunks(out) if stream else _chat_response(out)

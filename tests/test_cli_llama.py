@@ -56,6 +56,10 @@ def test_llama_flags_parse_to_target_options():
     (["-ngld", "0", "--device", "cpu"], "-ngld"),
     (["-cnv"], "-cnv/--conversation"),
     (["-f", "/no/such/prompt.txt"], "/no/such/prompt.txt"),
+    (["--grammar", "root ::= ["], "could not parse"),
+    (["--grammar", 'root ::= "a"', "-j", "{}"], "give one of --grammar"),
+    (["-j", "{bad"], "-j/--json-schema: not valid JSON"),
+    (["--grammar-file", "/no/such/g.gbnf"], "/no/such/g.gbnf"),
 ])
 def test_refused_with_a_message_naming_the_flag(argv, needle, capsys):
     args = ["generate", "-p", "x", *argv] if "-f" not in argv else ["generate", *argv]
@@ -83,3 +87,25 @@ def test_a_llama_cpp_command_line_runs_as_written(tmp_path):
     finally:
         gen.close()
     assert out["tokens"] == ref.tokens and out["text"] == ref.text
+
+
+@pytest.mark.model
+def test_grammar_flags_constrain_the_output(tmp_path, capsys):
+    """--grammar-file and -j/--json-schema (llama.cpp's spellings) give the Python API's
+    constrained output."""
+    from moa_cpp import SpeculativeGenerator, defaults
+    from moa_cpp.structured import grammar_for_json_schema
+    gbnf = tmp_path / "yn.gbnf"
+    gbnf.write_text('root ::= ("yes" | "no") "."\n')
+    schema = '{"type": "object", "properties": {"color": {"type": "string"}}, "required": ["color"]}'
+    gen = SpeculativeGenerator.from_paths(defaults.default_target(), None, draft="none", n_threads=1)
+    try:
+        for flags, grammar in ((["--grammar-file", str(gbnf)], gbnf.read_text()),
+                               (["-j", schema], grammar_for_json_schema(schema))):
+            assert main(["generate", "-p", "Is grass green?", "-n", "16", "-t", "1", "--json", *flags]) == 0
+            out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+            ref = gen.generate("Is grass green?", max_tokens=16, grammar=grammar)
+            assert out["text"] == ref.text and out["tokens"] == ref.tokens
+            assert ref.text in ("yes.", "no.") or json.loads(ref.text)["color"]
+    finally:
+        gen.close()

@@ -3,8 +3,9 @@ on a real `moa-cpp serve` over loopback: llama-server's /tokenize, /detokenize, 
 (checked against llama-cpp-python's tokenizer and the chat route's own prompt count), /metrics
 in Prometheus format (its counters equal the responses' usage and speculation stats), CORS
 (preflight without a key, only listed origins, no credentials), and llama.cpp's request fields
-(hints and no-op values accepted, structured output refused as unsupported, unknown fields as
-unknown)."""
+(hints and no-op values accepted, unknown fields as unknown), and structured output
+(response_format json_object / json_schema through the openai client, llama.cpp's grammar and
+json_schema fields, streamed too) equal to the Python API's constrained output."""
 from __future__ import annotations
 
 import time
@@ -137,10 +138,13 @@ def test_llama_cpp_request_fields(server):
              "tfs_z": 1.0, "mirostat": 0, "top_k": 40, "response_format": {"type": "text"}}
     st, _, r = server.post("/v1/chat/completions", {**CHAT, **hints}, key=KEY)
     assert st == 200 and r["choices"][0]["message"]["content"] == base
-    for field, value in (("grammar", 'root ::= "a"'), ("json_schema", {"type": "object"}),
-                         ("response_format", {"type": "json_object"})):
+    for field, value in (("grammar", 'root ::= ['), ("json_schema", {"type": "object", "properties": 3}),
+                         ("response_format", {"type": "yaml"})):
         st, _, e = server.post("/v1/chat/completions", {**CHAT, field: value}, key=KEY)
-        assert st == 400 and e["error"]["code"] == "unsupported_parameter" and e["error"]["param"] == field, e
+        assert st == 400 and e["error"]["param"] == field, e
+    st, _, e = server.post("/v1/chat/completions", {**CHAT, "grammar": 'root ::= "a"',
+                                                    "response_format": {"type": "json_object"}}, key=KEY)
+    assert st == 400 and "give one of them" in e["error"]["message"]
     for field, value in (("n_probs", 21), ("repeat_penalty", 0), ("mirostat", 2)):
         st, _, e = server.post("/v1/chat/completions", {**CHAT, field: value}, key=KEY)
         assert st == 400 and e["error"]["param"] == field
@@ -241,3 +245,47 @@ def test_penalties_bias_and_min_p_as_llama_cpp_python(server):
     assert a == b
     st, _, e = server.post("/v1/chat/completions", {**body, "logit_bias": {"49152": 1}}, key=KEY)
     assert st == 400 and e["error"]["param"] == "logit_bias"
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+          "required": ["city", "population"]}
+
+
+def test_structured_output(server):
+    """OpenAI's response_format through the openai client; llama.cpp's grammar / json_schema
+    fields over raw HTTP (completions, streamed): each equals the Python API's constrained
+    greedy output (itself llama-cpp-python's: tests/test_grammar.py)."""
+    import json
+
+    import openai
+
+    from moa_cpp import SpeculativeGenerator, defaults
+    gen = SpeculativeGenerator.from_paths(defaults.default_target(), None, n_ctx=1024, n_threads=1)
+    msgs = [{"role": "user", "content": "Describe Paris as JSON."}]
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    rf_schema = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}
+    for rf in ({"type": "json_object"}, rf_schema):
+        r = client.chat.completions.create(model="m", messages=msgs, max_tokens=40, temperature=0,
+                                           response_format=rf)
+        ref = gen.create_chat_completion(msgs, max_tokens=40, temperature=0, response_format=rf)
+        assert r.choices[0].message.content == ref["choices"][0]["message"]["content"]
+        if r.choices[0].finish_reason == "stop":
+            obj = json.loads(r.choices[0].message.content)
+            assert rf is not rf_schema or (set(obj) == {"city", "population"} and isinstance(obj["population"], int))
+    grammar = 'root ::= ("yes" | "no") "."'
+    st, _, r = server.post("/v1/completions", {"prompt": "Is the sea salty?", "max_tokens": 8, "temperature": 0,
+                                               "grammar": grammar}, key=KEY)
+    ref = gen.create_completion("Is the sea salty?", max_tokens=8, temperature=0, grammar=grammar)
+    assert st == 200 and r["choices"][0]["text"] == ref["choices"][0]["text"] in ("yes.", "no.")
+    stream = client.completions.create(model="m", prompt="Name a city as JSON:", max_tokens=30, temperature=0,
+                                       stream=True, extra_body={"json_schema": SCHEMA})
+    text = "".join(c.choices[0].text for c in stream)
+    ref = gen.create_completion("Name a city as JSON:", max_tokens=30, temperature=0,
+                                grammar=grammar_for(SCHEMA))
+    assert text == ref["choices"][0]["text"] and text.startswith("{")
+    gen.close()
+
+
+def grammar_for(schema):
+    from moa_cpp.structured import grammar_for_json_schema
+    return grammar_for_json_schema(schema)

@@ -30,6 +30,7 @@ from .errors import APIError, bad_request
 from .extras import TextUtilities
 from .hosts import HostMiddleware, allowed_hosts
 from ..logprobs import LogprobWriter
+from ..speculative.grammar import Grammar
 from .metrics import ServerMetrics
 from .remote_routes import RemoteAPI
 from .schemas import ChatRequest, CompletionRequest, parse_body
@@ -108,9 +109,14 @@ class Server:
             raise bad_request(f"max_tokens is {limit}; this server allows at most {self.max_tokens_limit}",
                               param="max_tokens")
         prompt = req.message_dicts() if chat else req.prompt_value()
+        sampling = req.sampling_extras(self.n_vocab)
+        if sampling["grammar"] is not None:
+            try:     # parsed here, so that a bad grammar is a 400 before any stream starts
+                Grammar.compile(self.pool.sessions[0].gen.target, sampling["grammar"]).close()
+            except ValueError as e:
+                raise bad_request(str(e), param="grammar") from None
         return GenParams(prompt, chat, limit, req.temperature, req.top_k, req.top_p, req.seed_or_none,
-                         req.stops, self._draft_override(req), req.ignore_eos, req.n_logprobs,
-                         req.sampling_extras(self.n_vocab))
+                         req.stops, self._draft_override(req), req.ignore_eos, req.n_logprobs, sampling)
 
 
 def _error_of(exc: BaseException) -> APIError:

@@ -9,9 +9,9 @@ no-op values (n=1, echo=false). Sampling as llama.cpp samples: logit_bias, penal
 min-p (0.05, llama-cpp-python's server default), temperature. llama.cpp server fields are
 accepted where they are implemented (top_k, min_p, ignore_eos, penalties) or only hints
 (cache_prompt), at their no-op values where not implemented yet (typical_p 1, tfs_z 1, mirostat 0);
-``n_probs`` asks for logprobs as ``logprobs`` / ``top_logprobs`` do; ``grammar``, ``json_schema`` and a ``response_format`` other than text are refused
-with ``unsupported_parameter`` (defined, not built yet), unlike fields nobody defines
-(``unknown_parameter``).
+``n_probs`` asks for logprobs as ``logprobs`` / ``top_logprobs`` do; ``grammar`` (GBNF),
+``json_schema`` and ``response_format`` (json_object, json_schema) constrain the output with
+llama.cpp's grammar (one of them per request). Fields nobody defines are ``unknown_parameter``.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from ..generator import parse_draft
+from ..structured import MAX_GRAMMAR_CHARS, StructuredOutputError, request_grammar
 from .errors import APIError, bad_request
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -84,26 +85,10 @@ class _Sampling(BaseModel):
     typical_p: Annotated[float, Field(ge=1.0, le=1.0)] = 1.0
     tfs_z: Annotated[float, Field(ge=1.0, le=1.0)] = 1.0
     mirostat: Annotated[int, Field(ge=0, le=0)] = 0
-    # structured output: defined by OpenAI / llama.cpp, not built here yet
-    grammar: Optional[Any] = None
-    json_schema: Optional[Any] = None
-    response_format: Optional[Any] = None
-
-    @field_validator("grammar", "json_schema")
-    @classmethod
-    def _unsupported(cls, v: Any, info: Any) -> Any:
-        if v is not None:
-            raise PydanticCustomError("unsupported", f"{info.field_name}: structured output is not supported by "
-                                      "this server yet")
-        return v
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, v: Any) -> Any:
-        if v is not None and v != {"type": "text"}:
-            raise PydanticCustomError("unsupported", "response_format: only {\"type\": \"text\"} is supported by "
-                                      "this server yet (no json_object / json_schema)")
-        return v
+    # structured output (moa_cpp.structured): llama.cpp's GBNF, a JSON schema, OpenAI's response_format
+    grammar: Optional[Annotated[str, Field(max_length=MAX_GRAMMAR_CHARS)]] = None
+    json_schema: Optional[dict] = None
+    response_format: Optional[dict] = None
 
     @property
     def stops(self) -> list:
@@ -117,8 +102,13 @@ class _Sampling(BaseModel):
                 raise bad_request(f"logit_bias: {k!r} is not a token id of this model (0..{n_vocab - 1})",
                                   param="logit_bias")
             bias[int(k)] = v
+        try:
+            grammar = request_grammar(self.grammar, self.json_schema, self.response_format)
+        except StructuredOutputError as e:
+            raise bad_request(str(e), param=e.field) from None
         return dict(min_p=self.min_p, repeat_penalty=self.repeat_penalty, frequency_penalty=self.frequency_penalty,
-                    presence_penalty=self.presence_penalty, repeat_last_n=self.repeat_last_n, logit_bias=bias)
+                    presence_penalty=self.presence_penalty, repeat_last_n=self.repeat_last_n, logit_bias=bias,
+                    grammar=grammar)
 
     @property
     def seed_or_none(self) -> Optional[int]:

@@ -25,6 +25,7 @@ from .policy import Policy, make_policy
 from .scorer import TargetScorer
 from .types import (NO_DRAFT, DraftConfig, Proposal, Proposer, SamplingParams, Scores, SpecStats, StepResult,
                     TokenLogprob, Verdict)
+from .grammar import Grammar, constrain_rows
 from .penalties import adjust_rows
 from .verify import probs_from_logits, verify
 
@@ -58,6 +59,7 @@ class Generation:
     t_start: float = 0.0
     n_logprobs: int = -1           # >= 0: each emitted token's logprob and this many top alternatives
     history: list = field(default_factory=list)  # emitted tokens (the root last): penalties' window
+    grammar: Optional[Grammar] = None  # the grammar's state after every emitted token (the root too)
 
 
 def _eog_masked(logits: np.ndarray, target: Target, sp: SamplingParams) -> np.ndarray:
@@ -167,7 +169,8 @@ class SpeculativeLoop:
         drafting, why = policy.begin(tgt, self.proposer, lambda: max(0, self.batch_rows(cfg) - 1))
         g = Generation(max_tokens, sp, policy, np.random.default_rng(sp.seed) if not sp.greedy else None,
                        SpecStats(n_prompt=int(prompt.size), decision=why), drafting=drafting,
-                       n_logprobs=-1 if logprobs is None else int(logprobs))
+                       n_logprobs=-1 if logprobs is None else int(logprobs),
+                       grammar=Grammar.compile(tgt, sp.grammar, sp.grammar_root) if sp.grammar else None)
         if drafting:
             # before the prefill: measuring it (once per model, cached) uses the KV cache
             g.max_rows = self.batch_rows(cfg)
@@ -185,7 +188,7 @@ class SpeculativeLoop:
             if capture:
                 self.proposer.observe(tgt.captured_lsa_in(), off)
         last_row = adjust_rows(_eog_masked(logits[-1:], tgt, sp), sp, g.history)[0]
-        g.root = _sample(last_row, sp, g.rng)
+        g.root = _sample(self._constrained(g, last_row[None])[0], sp, g.rng)
         g.stats.t_prefill = time.perf_counter() - t0
         g.feed, g.n = list(prompt), int(prompt.size)
         g.t_start = time.perf_counter()
@@ -214,7 +217,8 @@ class SpeculativeLoop:
         except CacheFullError:
             return self._finish(g, "length")     # llama.cpp left the cache unchanged
         t_target = time.perf_counter() - t
-        scores.logits = adjust_rows(_eog_masked(scores.logits, self.target, g.sp), g.sp, g.history, proposal)
+        rows = adjust_rows(_eog_masked(scores.logits, self.target, g.sp), g.sp, g.history, proposal)
+        scores.logits = self._constrained(g, rows, proposal)
         verdict = verify(proposal, scores.logits, g.sp, g.rng)
         if self.on_cycle is not None:
             self.on_cycle(g.n, g.root, proposal, scores, verdict)
@@ -234,7 +238,7 @@ class SpeculativeLoop:
         st.accept_lengths.append(verdict.n_accepted + 1)
         emitted = verdict.tokens + [verdict.bonus]
         # row 0 (the root's) chose the first token, node i's row (i + 1) its child on the path
-        lp = self._logprobs(g, scores.logits[[0] + [i + 1 for i in verdict.path]], emitted)
+        lp = self._logprobs(g, rows[[0] + [i + 1 for i in verdict.path]], emitted)
         return self._emit(g, emitted, proposal.n, verdict.n_accepted,
                           proposal.draft_rows, str(cfg), t_draft + t_commit, t_target, t_capture, lp=lp)
 
@@ -250,7 +254,7 @@ class SpeculativeLoop:
             return self._finish(g, "length")
         t_target = time.perf_counter() - t
         logits = adjust_rows(_eog_masked(logits, self.target, g.sp), g.sp, g.history)
-        nxt = _sample(logits[0], g.sp, g.rng)
+        nxt = _sample(self._constrained(g, logits)[0], g.sp, g.rng)
         if self.on_cycle is not None:
             self.on_cycle(g.n, g.root, Proposal.empty(), Scores(logits, np.zeros(1, np.int64)), Verdict([], [], nxt))
         g.feed.append(g.root)
@@ -264,7 +268,13 @@ class SpeculativeLoop:
         return self._emit(g, [nxt], 0, 0, 0, "none", t_draft, t_target, 0.0, lp=self._logprobs(g, logits[:1], [nxt]))
 
     @staticmethod
+    def _constrained(g: Generation, rows: np.ndarray, proposal: Optional[Proposal] = None) -> np.ndarray:
+        """``rows`` under the generation's grammar (each row by its own path's state), if any."""
+        return rows if g.grammar is None else constrain_rows(rows, g.grammar, g.sp.greedy, proposal)
+
+    @staticmethod
     def _logprobs(g: Generation, rows: np.ndarray, tokens: list) -> Optional[list]:
+        # rows before the grammar: logprobs are the model's, as llama-cpp-python reports them
         return token_logprobs(rows, tokens, g.n_logprobs) if g.n_logprobs >= 0 else None
 
     def _captures(self) -> bool:
@@ -342,6 +352,14 @@ class SpeculativeLoop:
             if g.generated + len(out) >= g.max_tokens:
                 reason = "length"
                 break
+            if g.grammar is not None:
+                if not g.grammar.allows(tok):
+                    if self._grammar_done(g):
+                        reason = "stop"    # the grammar is complete and EOG was masked (ignore_eos)
+                        break
+                    raise RuntimeError(f"internal error: token {tok} was verified against a row the grammar "
+                                       "does not allow it in")
+                g.grammar.accept(tok)
             out.append(tok)
         g.generated += len(out)
         if g.sp.penalized:
@@ -357,6 +375,9 @@ class SpeculativeLoop:
             st.finish_reason = reason
         return StepResult(tuple(out), drafted, accepted, rows, shape, g.finished, reason, t_drafter, t_target,
                           t_capture, tuple(lp[:len(out)]) if lp else ())
+
+    def _grammar_done(self, g: Generation) -> bool:
+        return any(g.grammar.allows(int(t)) for t in self.target.eog_tokens)
 
     def _finish(self, g: Generation, reason: str) -> StepResult:
         g.finished = True

@@ -34,6 +34,10 @@ class SamplingParams:
     presence_penalty: float = 0.0
     penalty_last_n: int = 64
     logit_bias: tuple = ()  # ((token id, bias), ...) added to the logits first
+    # GBNF text (llama.cpp's grammar): every row constrained after the penalties, as
+    # llama-cpp-python chains it (:mod:`moa_cpp.speculative.grammar`)
+    grammar: Optional[str] = None
+    grammar_root: str = "root"
 
     @property
     def greedy(self) -> bool:
