@@ -1,4 +1,4 @@
-"""``moa-cpp`` command line: generate, convert, check-parity, train, serve, client, bundle, rpc-server."""
+"""``moa-cpp`` command line: generate, chat, convert, check-parity, train, serve, client, bundle, rpc-server."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +14,7 @@ from .errors import MoaError
 # name, module (imported lazily: torch only for `train`), help
 SUBCOMMANDS = [
     ("generate", ".cli_generate", "generate with MoA speculative decoding (or plainly with --no-draft)"),
+    ("chat", ".cli_chat", "interactive chat with the target's template (history, streaming, /exit)"),
     ("convert", ".convert", "convert an HF MoA checkpoint (dir or hub repo id) to a drafter GGUF"),
     ("check-parity", ".parity", "check conversion + native drafter against a golden fixture folder"),
     ("train", ".train.cli", "train a MoA drafter for a GGUF target (needs the 'train' extra: torch)"),
@@ -22,11 +23,11 @@ SUBCOMMANDS = [
     ("bundle", ".remote.bundle", "client-server MoA: write the client bundle (drafter + embedding + tokenizer)"),
     ("rpc-server", ".cli_serve", "llama.cpp's RPC backend server: lend this machine to a split target (no auth!)"),
 ]
-_ADD = {"generate": "add_generate_arguments", "convert": "add_convert_arguments",
+_ADD = {"generate": "add_generate_arguments", "chat": "add_chat_arguments", "convert": "add_convert_arguments",
         "check-parity": "add_parity_arguments", "train": "add_train_arguments",
         "serve": "add_serve_arguments", "rpc-server": "add_rpc_server_arguments", "client": "add_client_arguments",
         "bundle": "add_bundle_arguments"}
-_RUN = {"generate": "run_generate", "convert": "run_convert", "check-parity": "run_parity", "train": "run_train",
+_RUN = {"generate": "run_generate", "chat": "run_chat", "convert": "run_convert", "check-parity": "run_parity", "train": "run_train",
         "serve": "run_serve", "rpc-server": "run_rpc_server", "client": "run_client",
         "bundle": "run_bundle"}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Optional
 
 from .argtypes import positive as _positive
 from .cli_llama import add_llama_arguments, drafter_device, target_options
@@ -41,7 +42,8 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true", help="apply the target GGUF's chat template")
     p.add_argument("-sys", "--system-prompt", dest="system_prompt", metavar="TEXT",
                    help="a system message (implies --chat)")
-    p.add_argument("-cnv", "--conversation", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("-cnv", "--conversation", action="store_true",
+                   help="interactive chat (as `moa-cpp chat`): -sys is the system prompt, -p/-f the first message")
     p.add_argument("-no-cnv", "--no-conversation", action="store_true",
                    help="accepted (one-shot generation is what generate does)")
     g = p.add_mutually_exclusive_group()
@@ -147,25 +149,19 @@ def _grammar(args: argparse.Namespace):
         raise InvalidArgumentError(str(e)) from None
 
 
-def run_generate(args: argparse.Namespace) -> int:
-    from .generator import SpeculativeGenerator
-    from .rpc import parse_endpoints
-    from .defaults import ngram_settings
-    from .target import set_llama_log
-
+def check_sampling_args(args: argparse.Namespace) -> None:
     if args.temp < 0 or not (0 < args.top_p <= 1) or args.top_k < 0:
         raise InvalidArgumentError("--temp must be >= 0, --top-p in (0, 1], --top-k >= 0")
+
+
+def build_generator(args: argparse.Namespace, grammar: Optional[str] = None):
+    """(generator, draft spec) from generate's / chat's model and speculation flags; a --grammar
+    that llama.cpp cannot parse is refused here, before any output."""
+    from .defaults import ngram_settings
+    from .generator import SpeculativeGenerator
+    from .rpc import parse_endpoints
+
     ngram = ngram_settings(args.ngram_n_min, args.ngram_n_max)
-    set_llama_log(bool(args.llama_verbose or getattr(args, "verbose", False)))
-    if args.list_devices:
-        from .devices import describe
-        print(describe())
-        return 0
-    if args.conversation:
-        raise InvalidArgumentError("-cnv/--conversation: the interactive chat is not built yet; run "
-                                   "`moa-cpp generate --chat -p ...` per turn, or `moa-cpp serve` for a chat client")
-    prompt, chat = _prompt(args)
-    grammar = _grammar(args)
     opts = target_options(args)
     target, drafter, draft_model, kinds, draft = _resolve_models(args)
     rpc = parse_endpoints(args.rpc) if args.rpc else None
@@ -174,18 +170,54 @@ def run_generate(args: argparse.Namespace) -> int:
                                           n_gpu_layers=ngl, device=drafter_device(args), draft=draft,
                                           draft_model=draft_model, rpc=rpc, spec_type=kinds,
                                           ngram=ngram, draft_min=args.draft_min, target_options=opts)
-    kw = dict(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-              seed=args.seed, stop=args.stop, chat=chat, ignore_eos=args.ignore_eos, min_p=args.min_p,
-              repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
-              presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-              logit_bias=dict(args.logit_bias), grammar=grammar)
     if grammar is not None:
         from .speculative.grammar import Grammar
-        try:        # a bad grammar is a usage error before anything is printed
+        try:
             Grammar.compile(gen.target, grammar).close()
         except ValueError as e:
             gen.close()
             raise InvalidArgumentError(str(e)) from None
+    return gen, draft
+
+
+def sampling_kwargs(args: argparse.Namespace, grammar: Optional[str]) -> dict:
+    """``SpeculativeGenerator.stream`` keywords of the sampling flags."""
+    return dict(max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos, min_p=args.min_p,
+                repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+                presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                logit_bias=dict(args.logit_bias), grammar=grammar)
+
+
+def stats_line(st) -> str:
+    cached = f" ({st.n_cached} cached)" if st.n_cached else ""
+    return (f"[{st.n_generated} tokens, prompt {st.n_prompt}{cached}, {st.target_calls} target calls, "
+            f"tau {st.tau:.2f}, {st.tokens_per_s:.1f} tok/s{_by_source(st.by_source)}; {st.decision}]")
+
+
+def calibrate_after(gen) -> None:
+    if gen.needs_calibration():
+        # after the output: the user's request is answered; the next run uses the measurement
+        print("[measuring this target's verify cost once (cached for later runs)...]", file=sys.stderr, flush=True)
+        gen.calibrate()
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from .target import set_llama_log
+
+    check_sampling_args(args)
+    set_llama_log(bool(args.llama_verbose or getattr(args, "verbose", False)))
+    if args.list_devices:
+        from .devices import describe
+        print(describe())
+        return 0
+    if args.conversation:
+        from .cli_chat import run_chat
+        return run_chat(args)
+    prompt, chat = _prompt(args)
+    grammar = _grammar(args)
+    gen, draft = build_generator(args, grammar)
+    kw = dict(sampling_kwargs(args, grammar), chat=chat)
     if args.json:
         r = gen.generate(prompt, **kw)
         st = r.stats
@@ -197,14 +229,9 @@ def run_generate(args: argparse.Namespace) -> int:
         for piece in gen.stream(prompt, **kw):
             sys.stdout.write(piece)
             sys.stdout.flush()
-        st = gen.last_stats
         sys.stdout.write("\n")
         sys.stdout.flush()
-        print(f"[{st.n_generated} tokens, {st.target_calls} target calls, tau {st.tau:.2f}, "
-              f"{st.tokens_per_s:.1f} tok/s{_by_source(st.by_source)}; {st.decision}]", file=sys.stderr, flush=True)
-    if gen.needs_calibration():
-        # after the output: the user's request is answered; the next run uses the measurement
-        print("[measuring this target's verify cost once (cached for later runs)...]", file=sys.stderr, flush=True)
-        gen.calibrate()
+        print(stats_line(gen.last_stats), file=sys.stderr, flush=True)
+    calibrate_after(gen)
     gen.close()
     return 0

@@ -334,12 +334,15 @@ class SpeculativeGenerator:
                      draft: Union[str, DraftConfig, None] = None, ignore_eos: bool = False,
                      logprobs: Optional[int] = None, min_p: float = 0.0, repeat_penalty: float = 1.0,
                      frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
-                     logit_bias: Optional[dict] = None, grammar: Any = None) -> Iterator[Piece]:
+                     logit_bias: Optional[dict] = None, grammar: Any = None,
+                     cache_prompt: bool = True) -> Iterator[Piece]:
         """Yield a :class:`Piece` per cycle (new token ids, new text, and with ``logprobs`` = N
         the :class:`TokenLogprob` (N alternatives) of the tokens whose text this piece completes:
         logprobs travel with their text, so none is given for text a stop string cut off);
         stats in :attr:`last_stats`. ``grammar``: GBNF text or a ``llama_cpp.LlamaGrammar``
-        (llama.cpp's grammar on every verification row: :mod:`moa_cpp.speculative.grammar`)."""
+        (llama.cpp's grammar on every verification row: :mod:`moa_cpp.speculative.grammar`).
+        ``cache_prompt`` (llama.cpp's name): decode only what follows the prefix this
+        generator's caches hold from its previous generation (a chat's earlier turns)."""
         ids = self.encode(prompt, chat)
         self._last_prompt = ids
         sp = self._sampling(temperature, top_k, top_p, seed, ignore_eos, min_p, repeat_penalty, frequency_penalty,
@@ -350,7 +353,7 @@ class SpeculativeGenerator:
         stats = None
         render = self.target.text_stream()
         lps = _PendingLogprobs(self.target)
-        for ev in self.loop.run(ids, max_tokens, sp, cfg, logprobs):
+        for ev in self.loop.run(ids, max_tokens, sp, cfg, logprobs, reuse=cache_prompt):
             stats = ev.stats
             if not ev.tokens:
                 continue

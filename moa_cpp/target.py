@@ -293,6 +293,9 @@ class Target:
         n_ubatch = n_batch if n_ubatch is None else n_ubatch
         threads = n_threads or _default_threads()
         self.n_threads: int = threads
+        # bumped by every call that writes the KV cache: a loop that reuses a prompt prefix
+        # knows that nobody else wrote it since (calibration, exactness checks, a remote session)
+        self.kv_version: int = 0
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_layer: int = llama_cpp.llama_model_n_layer(self._model)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
@@ -534,6 +537,7 @@ class Target:
         if capture and not self._has_callback:
             raise InvalidArgumentError("decode(capture=True) on a Target built with install_callback=False")
         last_only = logits != "all"
+        self.kv_version += 1
         self._batch.fill(toks, pos, seq_ids, last_only)
         lib.moa_capture_reset(self._cap)
         lib.moa_capture_set_enabled(self._cap, capture)
@@ -580,21 +584,25 @@ class Target:
 
     def rollback(self, pos: int) -> None:
         """Drop every cached position >= ``pos`` in every sequence."""
+        self.kv_version += 1
         if not llama_cpp.llama_memory_seq_rm(self._mem, -1, int(pos), -1):
             raise MoaError(f"llama_memory_seq_rm(pos >= {pos}) failed: this target's memory cannot roll back")
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Add sequence ``dst`` to the cells of ``src`` with positions in [p0, p1) (-1: open end).
         In the unified cache this shares cells, it copies nothing."""
+        self.kv_version += 1
         llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
         """Remove ``seq_id`` (-1: all) from cells with positions in [p0, p1) (-1: open end)."""
+        self.kv_version += 1
         if not llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1):
             raise MoaError(f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) failed")
 
     def clear(self) -> None:
         """Empty the KV cache (all sequences)."""
+        self.kv_version += 1
         llama_cpp.llama_memory_clear(self._mem, True)
 
     # ------------------------------------------------------------------ lifetime

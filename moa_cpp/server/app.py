@@ -145,6 +145,7 @@ class _Completion:
         self.model = srv.model
         self.draft = params.draft or (str(srv.pool.sessions[0].gen.draft))
         self.n_prompt = 0
+        self.n_cached = 0          # prompt tokens the session's KV cache already held
         self.logprobs = LogprobWriter(srv.pool.sessions[0].gen.target, chat) if params.logprobs is not None else None
 
     def _head(self, chunk: bool) -> dict:
@@ -153,7 +154,8 @@ class _Completion:
 
     def usage(self, n_completion: int) -> dict:
         return {"prompt_tokens": self.n_prompt, "completion_tokens": n_completion,
-                "total_tokens": self.n_prompt + n_completion}
+                "total_tokens": self.n_prompt + n_completion,
+                "prompt_tokens_details": {"cached_tokens": self.n_cached}}
 
     def whole(self, text: str, n_tokens: int, finish: str, stats: Any, lps: Optional[list] = None) -> dict:
         choice: dict = {"index": 0, "logprobs": self.logprobs.part(lps or []) if self.logprobs else None,
@@ -175,6 +177,24 @@ class _Completion:
         return {**self._head(True), "choices": [choice]}
 
 
+def _prefix_key(srv: Server, params: GenParams) -> Any:
+    """How long a prefix of this request's prompt a session's KV cache holds (the pool gives the
+    request the free session holding the longest one); None where it cannot matter."""
+    if len(srv.pool.sessions) < 2 or not params.sampling.get("cache_prompt", True):
+        return None
+
+    ids: list = []       # the prompt, encoded once (by the first session asked)
+
+    def key(session: Any) -> int:
+        if not ids:
+            try:
+                ids.append(session.gen.encode(params.prompt, params.chat))
+            except Exception:        # the worker reports it
+                ids.append(None)
+        return 0 if ids[0] is None else session.gen.loop.cached_prefix(ids[0])
+    return key
+
+
 def _sse(obj: Any) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj, ensure_ascii=False).encode()) + b"\n\n"
 
@@ -184,7 +204,7 @@ async def _generate(srv: Server, request: Request, model: type, chat: bool) -> R
     req = parse_body(body, model)
     params = srv.params(req, chat)
     out = _Completion(srv, chat, params)
-    session = await until_disconnect(request, srv.pool.acquire())
+    session = await until_disconnect(request, srv.pool.acquire(_prefix_key(srv, params)))
     job = Job(session, params, srv.pool.release)
     srv.jobs.add(job)
     try:
@@ -234,6 +254,7 @@ async def _collect(srv: Server, job: Job, out: _Completion) -> dict:
             pieces.append(ev[2])
             lps += ev[3]
         elif ev[0] == "done":
+            out.n_cached = ev[1].n_cached
             srv.metrics.observe(out.route, ev[1])
             return out.whole("".join(pieces), n, ev[1].finish_reason or "length", ev[1], lps)
         elif ev[0] == "cancelled":
@@ -263,6 +284,7 @@ async def _stream(srv: Server, job: Job, out: _Completion, include_usage: bool) 
             stats = ev[1] if ev[0] == "done" else None
             last = out.chunk(None, finish=(stats.finish_reason or "length") if stats else "abort")
             if stats is not None:
+                out.n_cached = stats.n_cached
                 last["moa"] = _moa(stats, out.draft)
                 srv.metrics.observe(out.route, stats)
             yield _sse(last)

@@ -7,8 +7,8 @@ request argument"). OpenAI fields this server does not implement are accepted on
 no-op values (n=1, echo=false). Sampling as llama.cpp samples: logit_bias, penalties
 (presence / frequency as OpenAI, llama.cpp's repeat_penalty and repeat_last_n), top-k, top-p,
 min-p (0.05, llama-cpp-python's server default), temperature. llama.cpp server fields are
-accepted where they are implemented (top_k, min_p, ignore_eos, penalties) or only hints
-(cache_prompt), at their no-op values where not implemented yet (typical_p 1, tfs_z 1, mirostat 0);
+accepted where they are implemented (top_k, min_p, ignore_eos, penalties, cache_prompt: reuse
+the prefix a session's KV cache holds, on by default as in llama-server), at their no-op values where not implemented yet (typical_p 1, tfs_z 1, mirostat 0);
 ``n_probs`` asks for logprobs as ``logprobs`` / ``top_logprobs`` do; ``grammar`` (GBNF),
 ``json_schema`` and ``response_format`` (json_object, json_schema) constrain the output with
 llama.cpp's grammar (one of them per request). Fields nobody defines are ``unknown_parameter``.
@@ -108,7 +108,7 @@ class _Sampling(BaseModel):
             raise bad_request(str(e), param=e.field) from None
         return dict(min_p=self.min_p, repeat_penalty=self.repeat_penalty, frequency_penalty=self.frequency_penalty,
                     presence_penalty=self.presence_penalty, repeat_last_n=self.repeat_last_n, logit_bias=bias,
-                    grammar=grammar)
+                    grammar=grammar, cache_prompt=self.cache_prompt)
 
     @property
     def seed_or_none(self) -> Optional[int]:

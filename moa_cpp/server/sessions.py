@@ -11,6 +11,7 @@ import asyncio
 import collections
 import logging
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from ..generator import SpeculativeGenerator, parse_draft
@@ -103,10 +104,17 @@ class SessionPool:
     def _overloaded(self, why: str) -> APIError:
         return APIError(503, why, code="server_busy", headers={"Retry-After": str(self.retry_after_s)})
 
-    async def acquire(self) -> Session:
+    async def acquire(self, prefix_key: Any = None) -> Session:
+        """A free session (else wait in FIFO order). ``prefix_key(session)``: how long a prefix
+        of the request's prompt the session's caches hold; among free sessions the longest wins
+        (the rest of the prompt is all it decodes)."""
         if self.closing:
             raise self._overloaded("the server is shutting down")
         if self._free and not self.waiting:
+            if prefix_key is not None and len(self._free) > 1:
+                best = max(self._free, key=prefix_key)
+                self._free.remove(best)
+                return best
             return self._free.popleft()
         if self.waiting >= self.max_queue:
             raise self._overloaded(f"all {len(self.sessions)} sessions are busy and {self.max_queue} requests are "

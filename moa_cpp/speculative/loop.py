@@ -19,7 +19,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from ..errors import CacheFullError
+from ..errors import CacheFullError, MoaError
 from ..target import MAX_VERIFY_ROWS, Target
 from .policy import Policy, make_policy
 from .scorer import TargetScorer
@@ -60,6 +60,7 @@ class Generation:
     n_logprobs: int = -1           # >= 0: each emitted token's logprob and this many top alternatives
     history: list = field(default_factory=list)  # emitted tokens (the root last): penalties' window
     grammar: Optional[Grammar] = None  # the grammar's state after every emitted token (the root too)
+    ids: list = field(default_factory=list)      # the token at every position: prompt, then the roots
 
 
 def _eog_masked(logits: np.ndarray, target: Target, sp: SamplingParams) -> np.ndarray:
@@ -110,6 +111,9 @@ class SpeculativeLoop:
         # Optional observer of every cycle: on_cycle(pos, root, proposal, scores, verdict) (tests,
         # diagnostics). Called after verification, before the commit.
         self.on_cycle = None
+        # (target.kv_version, generation) after this loop's latest write to the target's KV
+        # cache: the next prompt reuses the prefix it shares with what the cache then held
+        self._last: Optional[tuple] = None
 
     # ------------------------------------------------------------------ settings
 
@@ -154,10 +158,13 @@ class SpeculativeLoop:
     # ------------------------------------------------------------------ prefill
 
     def prefill(self, prompt: Sequence[int], max_tokens: int, sp: SamplingParams,
-                draft: Optional[DraftConfig] = None, logprobs: Optional[int] = None) -> tuple[Generation, StepResult]:
+                draft: Optional[DraftConfig] = None, logprobs: Optional[int] = None,
+                reuse: bool = True) -> tuple[Generation, StepResult]:
         """Decode the prompt (n_batch chunks; the drafter commits each chunk's K/V when the
         policy drafts) and sample the first token. ``logprobs`` (None: off): every emitted token's
-        logprob and this many top alternatives (:class:`TokenLogprob` in the results)."""
+        logprob and this many top alternatives (:class:`TokenLogprob` in the results).
+        ``reuse``: decode only what follows the prefix the KV caches (target and drafter) still
+        hold from this loop's previous generation (:meth:`_reuse`)."""
         tgt = self.target
         prompt = np.asarray(prompt, dtype=np.int32).reshape(-1)
         if prompt.size == 0:
@@ -175,11 +182,10 @@ class SpeculativeLoop:
             # before the prefill: measuring it (once per model, cached) uses the KV cache
             g.max_rows = self.batch_rows(cfg)
         capture = drafting and bool(getattr(self.proposer, "needs_capture", False))
-        tgt.clear()
-        if self.proposer is not None:
-            self.proposer.reset()
         t0 = time.perf_counter()
-        for off in range(0, prompt.size, tgt.n_batch):
+        kept, seen = self._reuse(prompt, drafting, capture, reuse)
+        g.stats.n_cached = kept
+        for off in range(kept, prompt.size, tgt.n_batch):
             chunk = prompt[off: off + tgt.n_batch]
             last = off + chunk.size >= prompt.size
             logits = tgt.decode(chunk, np.arange(off, off + chunk.size, dtype=np.int32), capture=capture,
@@ -190,10 +196,57 @@ class SpeculativeLoop:
         last_row = adjust_rows(_eog_masked(logits[-1:], tgt, sp), sp, g.history)[0]
         g.root = _sample(self._constrained(g, last_row[None])[0], sp, g.rng)
         g.stats.t_prefill = time.perf_counter() - t0
-        g.feed, g.n = list(prompt), int(prompt.size)
+        g.feed, g.n = list(prompt[seen:]), int(prompt.size)
+        g.ids = list(prompt) + [g.root]
         g.t_start = time.perf_counter()
         return g, self._emit(g, [g.root], drafted=0, accepted=0, rows=0, shape="none",
                              lp=self._logprobs(g, last_row[None], [g.root]))
+
+    def cached_prefix(self, prompt: Sequence[int]) -> int:
+        """How many leading tokens of ``prompt`` the next prefill would not decode again."""
+        return self._cached_prefix(np.asarray(prompt, dtype=np.int32).reshape(-1))
+
+    def _cached_prefix(self, prompt: np.ndarray) -> int:
+        """Leading prompt tokens the target's KV cache holds at their positions (at most all
+        but the last: its row gives the first token) -- 0 unless this loop wrote the cache
+        last. Sliding-window caches (n_swa > 0) may have evicted a prefix's cells: never reused."""
+        if self._last is None or self._last[0] != self.target.kv_version or self.target.n_swa > 0:
+            return 0
+        g = self._last[1]
+        cached = np.asarray(g.ids[: g.n - len(g.carry)], dtype=np.int32)
+        n = min(cached.size, prompt.size - 1)
+        diff = np.flatnonzero(cached[:n] != prompt[:n])
+        return int(diff[0]) if diff.size else n
+
+    def _reuse(self, prompt: np.ndarray, drafting: bool, capture: bool, reuse: bool) -> tuple[int, int]:
+        """Prepare the caches for ``prompt``: ``(kept, seen)`` = the target keeps positions <
+        kept (the prefill decodes the rest), the proposer knows positions < seen (it is fed the
+        rest). A capturing drafter needs the target's K/V of every position it does not hold, so
+        then kept = seen. Greedy output is the same as from empty caches wherever the target's
+        rows do not depend on the batch they were computed in (the exactness llama.cpp's own
+        prompt cache assumes; tests/test_prompt_cache.py)."""
+        kept = self._cached_prefix(prompt) if reuse else 0
+        seen = 0
+        prop = self.proposer
+        if prop is not None:
+            if drafting and hasattr(prop, "rewind"):
+                seen = prop.rewind(kept)
+            else:
+                prop.reset()
+            if capture:
+                kept = seen
+        if kept:
+            try:
+                self.target.rollback(kept)
+            except MoaError:           # a memory that cannot drop a suffix (recurrent models)
+                kept = 0
+        if not kept:
+            self.target.clear()
+            if capture and seen:
+                prop.reset()
+                seen = 0
+        self._last = None
+        return kept, seen
 
     # ------------------------------------------------------------------ one cycle
 
@@ -226,6 +279,7 @@ class SpeculativeLoop:
         t_capture, t_commit = self._commit_drafter(g, scores, verdict)
         g.policy.update(proposal.n, verdict.n_accepted)
         g.feed = g.feed + [g.root] + verdict.tokens
+        g.ids += verdict.tokens + [verdict.bonus]
         g.n += verdict.n_accepted + 1
         g.root = verdict.bonus
         st = g.stats
@@ -258,6 +312,7 @@ class SpeculativeLoop:
         if self.on_cycle is not None:
             self.on_cycle(g.n, g.root, Proposal.empty(), Scores(logits, np.zeros(1, np.int64)), Verdict([], [], nxt))
         g.feed.append(g.root)
+        g.ids.append(nxt)
         g.n += 1
         g.root = nxt
         st = g.stats
@@ -342,6 +397,7 @@ class SpeculativeLoop:
               t_drafter: float = 0.0, t_target: float = 0.0, t_capture: float = 0.0,
               lp: Optional[list] = None) -> StepResult:
         """Emit verified tokens up to EOG / max_tokens; update the generation's stats."""
+        self._last = (self.target.kv_version, g)
         out: list = []
         reason = ""
         for tok in candidates:
@@ -380,6 +436,7 @@ class SpeculativeLoop:
         return any(g.grammar.allows(int(t)) for t in self.target.eog_tokens)
 
     def _finish(self, g: Generation, reason: str) -> StepResult:
+        self._last = (self.target.kv_version, g)
         g.finished = True
         g.stats.finish_reason = reason
         g.stats.t_total = time.perf_counter() - g.t_start
@@ -388,13 +445,14 @@ class SpeculativeLoop:
     # ------------------------------------------------------------------ driver
 
     def run(self, prompt: Sequence[int], max_tokens: int, sp: SamplingParams,
-            draft: Optional[DraftConfig] = None, logprobs: Optional[int] = None) -> Iterator[StepEvent]:
+            draft: Optional[DraftConfig] = None, logprobs: Optional[int] = None,
+            reuse: bool = True) -> Iterator[StepEvent]:
         """Yield the tokens of each step; the last event's stats are final. EOG ends the
         generation (the EOG token itself is not emitted); so do ``max_tokens`` and a full
         context (finish_reason "length"). Stop strings are the caller's job."""
         if max_tokens <= 0:
             return
-        g, r = self.prefill(prompt, max_tokens, sp, draft, logprobs)
+        g, r = self.prefill(prompt, max_tokens, sp, draft, logprobs, reuse)
         yield StepEvent(list(r.tokens), g.stats, list(r.logprobs))
         while not g.finished:
             r = self.step(g)

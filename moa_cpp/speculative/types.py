@@ -231,6 +231,7 @@ class SpecStats:
     """Per-generation statistics, accumulated from the steps (callers print or save them)."""
 
     n_prompt: int = 0             # prompt tokens
+    n_cached: int = 0             # of them, reused from the KV cache (not decoded again)
     n_generated: int = 0          # emitted tokens (EOG excluded)
     target_calls: int = 0         # verification decodes (one per cycle; prefill excluded)
     prefill_calls: int = 0        # prompt decodes (chunks of n_batch)
@@ -317,6 +318,9 @@ class Proposer(Protocol):
     row_cost: Optional[float]
 
     def reset(self) -> None: ...
+    # optional: keep what is known of positions < n (a reused prompt prefix) and return how
+    # many positions are kept (the loop feeds, and observes if it captures, from there)
+    # def rewind(self, n: int) -> int: ...
     def observe(self, lsa_in: np.ndarray, pos0: int) -> None: ...
     def propose(self, feed: Sequence[int], root: int, pos: int, sp: SamplingParams,
                 rng: Optional[np.random.Generator], config: Optional[DraftConfig] = None) -> Proposal: ...

@@ -123,6 +123,15 @@ class DraftModelProposer:
         self._hist, self._kv, self._synced = [], [], 0
         self.draft_rows = self.catchup_rows = 0
 
+    def rewind(self, n: int) -> int:
+        """Keep the verified tokens < ``n`` (a reused prompt prefix); returns how many are kept.
+        The draft model's own KV cache is kept too: the next catch-up decodes only what differs."""
+        m = min(int(n), len(self._hist))
+        del self._hist[m:]
+        self._synced = min(self._synced, m)
+        self.draft_rows = self.catchup_rows = 0
+        return m
+
     def observe(self, lsa_in: np.ndarray, pos0: int) -> None:  # reads no target state
         pass
 

@@ -85,6 +85,13 @@ class HybridProposer:
         for p in self.proposers:
             p.reset()
 
+    def rewind(self, n: int) -> int:
+        """Every source keeps what all of them know (they share one feed)."""
+        m = min(p.rewind(n) for p in self.proposers)
+        for p in self.proposers:
+            p.rewind(m)
+        return m
+
     def observe(self, lsa_in: np.ndarray, pos0: int) -> None:
         for p in self.proposers:
             if getattr(p, "needs_capture", False):

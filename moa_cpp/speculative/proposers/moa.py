@@ -77,6 +77,15 @@ class MoAProposer:
         """Forget everything (a new generation)."""
         self.state.rollback(0)
 
+    def rewind(self, n: int) -> int:
+        """Keep positions < ``n`` (a reused prompt prefix); returns m <= n: the positions whose
+        CA entries and SA context both survive (the loop observes and feeds from m on)."""
+        st = self.state
+        st.rollback(n)
+        m = min(st.n_ca, st.n_sa)
+        st.rollback(m)
+        return m
+
     def observe(self, lsa_in: np.ndarray, pos0: int) -> None:
         """Commit verified tokens' K/V (LSA -> CA cache) at positions pos0.."""
         self.state.commit(lsa_in, pos0)

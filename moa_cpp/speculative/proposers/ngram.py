@@ -133,6 +133,13 @@ class NgramProposer:
         self.index = NgramIndex(self.n_max)
         self._verified = self.last_key = 0
 
+    def rewind(self, n: int) -> int:
+        """Keep the verified tokens < ``n`` (a reused prompt prefix); returns how many are kept."""
+        m = min(int(n), self._verified)
+        self.index.truncate(m)
+        self._verified, self.last_key = m, 0
+        return m
+
     def observe(self, lsa_in: np.ndarray, pos0: int) -> None:  # reads no target state
         pass
 

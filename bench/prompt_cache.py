@@ -1,0 +1,179 @@
+#!/usr/bin/env python
+"""Time to first token over multi-turn chats: ``moa-cpp serve`` reusing the prompt prefix its
+session's KV caches hold (``cache_prompt``, on by default) vs the same server told not to
+(``cache_prompt: false``) vs llama-cpp-python's server (which reuses the longest common prefix of
+its one Llama's cache).
+
+Servers (one process each, 127.0.0.1, all threads; only one is sent a request at a time):
+``moa`` (``moa-cpp serve``, default draft), ``moa-nocache`` (the same command; its requests carry
+``cache_prompt: false``), ``llama`` (``python -m llama_cpp.server --flash_attn true``; requests
+carry ``repeat_penalty: 1.0``: its default 1.1 is not greedy).
+
+Chats: ``--chats`` conversations of ``--turns`` user turns each; turn t of chat c is the eval sets'
+prompt c * turns + t (mt_bench, alpaca, qa... in order: different questions one after another in
+one conversation, as a user goes on). Each server continues its own conversation (its own answers
+in the history, as a client would send them). Turns are interleaved across servers (server order
+rotates every turn). Per request (streaming chat, greedy, ``--max-tokens``): TTFT = time to the
+first chunk with content, total time, prompt tokens, cached tokens (``usage.prompt_tokens_details``,
+moa only). Answers of ``moa`` and ``moa-nocache`` are compared turn by turn while their histories
+are equal (a reused prefix holds K/V computed in other batch shapes: equal where the target is
+batch-invariant, tests/test_prompt_cache.py; here at ubatch 512 they may part at near-ties).
+
+    python bench/prompt_cache.py                       # 4 chats x 6 turns, SmolLM2 + its drafter
+    python bench/prompt_cache.py -m Qwen.gguf --chats 2
+
+Writes bench/results/<machine-label>/<--name>.json/.md/.png.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import EVAL_DIR, base_parser, eval_prompts, md_table, run_info, usable_cores, write_results  # noqa: E402
+from serve_load import LLAMA, Proc, free_port  # noqa: E402
+
+SERVERS = ["moa", "moa-nocache", LLAMA]
+SETS = ["mt_bench", "alpaca", "qa", "gsm8k", "humaneval"]      # "sum": too long for 6 turns in 4096
+
+
+def start(name: str, model: str, drafter, args) -> Proc:
+    port = free_port()
+    threads = args.threads or usable_cores()
+    if name == LLAMA:
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--host", "127.0.0.1", "--port", str(port),
+               "--n_ctx", str(args.n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads),
+               "--verbose", "false", "--flash_attn", "true"]
+    else:
+        cmd = [sys.executable, "-m", "moa_cpp.cli", "serve", "--port", str(port), "-m", model, "--n-ctx",
+               str(args.n_ctx), "-t", str(threads), *(["-d", drafter] if drafter else [])]
+    t0 = time.perf_counter()
+    p = Proc(name, cmd, port)
+    print(f"{name}: up in {time.perf_counter() - t0:.1f} s", flush=True)
+    return p
+
+
+def stream_chat(proc: Proc, messages: list, max_tokens: int) -> dict:
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if proc.name == LLAMA:
+        body["repeat_penalty"] = 1.0
+    if proc.name == "moa-nocache":
+        body["cache_prompt"] = False
+    c = http.client.HTTPConnection("127.0.0.1", proc.port, timeout=600)
+    t0 = time.perf_counter()
+    ttft, text, usage = None, [], {}
+    try:
+        c.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"{proc.name}: HTTP {r.status}: {r.read()[:300]!r}")
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for ch in chunk.get("choices", []):
+                piece = (ch.get("delta") or {}).get("content")
+                if piece:
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+                    text.append(piece)
+    finally:
+        c.close()
+    return {"ttft": ttft if ttft is not None else time.perf_counter() - t0, "total": time.perf_counter() - t0,
+            "text": "".join(text), "prompt_tokens": usage.get("prompt_tokens"),
+            "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
+
+
+def summarize(recs: list, turns: int) -> list:
+    rows = []
+    for t in range(turns):
+        by = [r for r in recs if r["turn"] == t]
+        rows.append([t + 1, round(statistics.mean(r["prompt_tokens"] or 0 for r in by))] +
+                    [round(1000 * statistics.median(r["ttft"] for r in by if r["server"] == s), 1) for s in SERVERS])
+    return rows
+
+
+def plot(plt, rows: list):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, s in enumerate(SERVERS):
+        ax.plot([r[0] for r in rows], [r[2 + i] for r in rows], marker="o", label=s)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("median time to first token (ms)")
+    ax.set_title("time to first token over a chat")
+    ax.legend()
+    return fig
+
+
+def main(argv=None) -> int:
+    ap = base_parser(__doc__)
+    ap.add_argument("--chats", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--name", default="prompt_cache")
+    ap.add_argument("--results-dir", default=None)
+    args = ap.parse_args(argv)
+
+    from moa_cpp import defaults, models
+    model = args.model or str(models.smollm2_path())
+    drafter = args.drafter or (defaults.default_drafter() if args.model is None else None)
+    prompts = eval_prompts(Path(EVAL_DIR), SETS, -(-args.chats * args.turns // len(SETS)))
+    info = run_info(args.threads or usable_cores())
+    procs: dict = {}
+    recs: list = []
+    try:
+        for s in SERVERS:
+            procs[s] = start(s, model, drafter, args)
+        for p in procs.values():                     # warm-up (first decode, calibration)
+            stream_chat(p, [{"role": "user", "content": "Hello!"}], 8)
+        for c in range(args.chats):
+            hist = {s: [] for s in SERVERS}
+            for t in range(args.turns):
+                q = prompts[(c * args.turns + t) % len(prompts)]
+                order = SERVERS[t % 3:] + SERVERS[:t % 3]
+                for s in order:
+                    hist[s].append({"role": "user", "content": q})
+                    r = stream_chat(procs[s], hist[s], args.max_tokens)
+                    hist[s].append({"role": "assistant", "content": r["text"]})
+                    recs.append({"server": s, "chat": c, "turn": t, **r})
+                    print(f"chat {c} turn {t + 1} {s}: ttft {1000 * r['ttft']:.0f} ms, prompt {r['prompt_tokens']}, "
+                          f"cached {r['cached']}", flush=True)
+    finally:
+        for p in procs.values():
+            p.stop()
+    rows = summarize(recs, args.turns)
+    same = diverged = 0
+    for c in range(args.chats):
+        for t in range(args.turns):
+            a = next(r for r in recs if r["server"] == "moa" and r["chat"] == c and r["turn"] == t)
+            b = next(r for r in recs if r["server"] == "moa-nocache" and r["chat"] == c and r["turn"] == t)
+            if a["text"] != b["text"]:
+                diverged += 1
+                break                                # the histories differ from here on
+            same += 1
+    table = md_table(["turn", "prompt tokens (mean)"] + [f"TTFT ms {s} (median)" for s in SERVERS], rows)
+    tot = {s: statistics.mean(r["ttft"] for r in recs if r["server"] == s) for s in SERVERS}
+    summary = (f"\nMean TTFT over all turns: " + ", ".join(f"{s} {1000 * v:.0f} ms" for s, v in tot.items()) +
+               f".\nAnswers with reuse equal to those without (compared while the histories are equal): "
+               f"{same} equal, {diverged} chats parted.\n")
+    print(table + summary)
+    header = (f"{model}, drafter {drafter}; {args.chats} chats x {args.turns} turns, max_tokens {args.max_tokens}, "
+              f"greedy, streaming. Servers:\n\n" + "".join(f"- {s}: `{' '.join(p.cmd)}`\n" for s, p in procs.items())
+              + "\n")
+    write_results(args.name, {"rows": rows, "records": recs, "settings": vars(args), "model": model,
+                              "drafter": drafter, "equal": same, "parted": diverged, "run": info},
+                  header + table + summary, lambda plt: plot(plt, rows), out_dir=args.results_dir, info=info)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
