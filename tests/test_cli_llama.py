@@ -54,7 +54,6 @@ def test_llama_flags_parse_to_target_options():
     (["--chat-template", "chatml", "--chat-template-file", "x.jinja"], "--chat-template-file"),
     (["--chat-template-file", "/no/such/template.jinja"], "/no/such/template.jinja"),
     (["-ngld", "0", "--device", "cpu"], "-ngld"),
-    (["-cnv"], "-cnv/--conversation"),
     (["-f", "/no/such/prompt.txt"], "/no/such/prompt.txt"),
     (["--grammar", "root ::= ["], "could not parse"),
     (["--grammar", 'root ::= "a"', "-j", "{}"], "give one of --grammar"),

@@ -109,3 +109,31 @@ def test_ngram_and_plain_reuse(gens):
         assert r2.tokens == ref.tokens
     finally:
         gen.close()
+
+
+def test_server_sends_a_chat_to_the_session_holding_it():
+    """`moa-cpp serve --parallel 2`: two conversations alternate; each next turn goes to the
+    session whose caches hold its earlier turns (usage.prompt_tokens_details.cached_tokens) --
+    the second conversation's first turn goes to the other session although the first one's
+    holds the shared system prompt -- and `cache_prompt: false` decodes the whole prompt."""
+    from server_proc import ServerProc
+    srv = ServerProc("--parallel", "2", "--draft", "none", "-ub", "32")
+    try:
+        chats = {"a": [{"role": "user", "content": "Tell me about cats."}],
+                 "b": [{"role": "user", "content": "Explain the rules of chess briefly."}]}
+        for turn in range(2):
+            for name, msgs in chats.items():
+                st, _, r = srv.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 16, "temperature": 0})
+                assert st == 200, r
+                cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+                if turn == 0:     # a fresh session: nothing cached
+                    assert cached == 0, r["usage"]
+                else:     # the whole earlier exchange (but the last answer token, never decoded)
+                    assert cached >= r["usage"]["prompt_tokens"] - 24, (name, r["usage"])
+                msgs += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+                         {"role": "user", "content": "Go on."}]
+        st, _, r = srv.post("/v1/chat/completions", {"messages": chats["a"], "max_tokens": 4, "temperature": 0,
+                                                     "cache_prompt": False})
+        assert st == 200 and r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    finally:
+        assert srv.terminate() == 0

@@ -178,8 +178,10 @@ class _Completion:
 
 
 def _prefix_key(srv: Server, params: GenParams) -> Any:
-    """How long a prefix of this request's prompt a session's KV cache holds (the pool gives the
-    request the free session holding the longest one); None where it cannot matter."""
+    """What a session is worth to this request: the prompt prefix its caches hold (not decoded
+    again) less the cached tokens past it (another conversation, evicted). A conversation's next
+    turn goes back to its session; a new one that shares only a system prompt with a held
+    conversation goes to a free session rather than evicting it. None where it cannot matter."""
     if len(srv.pool.sessions) < 2 or not params.sampling.get("cache_prompt", True):
         return None
 
@@ -191,7 +193,11 @@ def _prefix_key(srv: Server, params: GenParams) -> Any:
                 ids.append(session.gen.encode(params.prompt, params.chat))
             except Exception:        # the worker reports it
                 ids.append(None)
-        return 0 if ids[0] is None else session.gen.loop.cached_prefix(ids[0])
+        if not ids[0]:
+            return 0
+        loop = session.gen.loop
+        common = loop.cached_prefix(ids[0])
+        return common - (loop.n_cached - common)
     return key
 
 

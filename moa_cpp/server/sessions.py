@@ -105,14 +105,15 @@ class SessionPool:
         return APIError(503, why, code="server_busy", headers={"Retry-After": str(self.retry_after_s)})
 
     async def acquire(self, prefix_key: Any = None) -> Session:
-        """A free session (else wait in FIFO order). ``prefix_key(session)``: how long a prefix
-        of the request's prompt the session's caches hold; among free sessions the longest wins
-        (the rest of the prompt is all it decodes)."""
+        """A free session (else wait in FIFO order). ``prefix_key(session)``: what giving the
+        request this session is worth (the prompt tokens it would not decode, less those of
+        another conversation it would evict); the best wins, ties go to the session free the
+        longest."""
         if self.closing:
             raise self._overloaded("the server is shutting down")
         if self._free and not self.waiting:
             if prefix_key is not None and len(self._free) > 1:
-                best = max(self._free, key=prefix_key)
+                best = max(self._free, key=prefix_key)      # the first of equals: free the longest
                 self._free.remove(best)
                 return best
             return self._free.popleft()

@@ -206,6 +206,14 @@ class SpeculativeLoop:
         """How many leading tokens of ``prompt`` the next prefill would not decode again."""
         return self._cached_prefix(np.asarray(prompt, dtype=np.int32).reshape(-1))
 
+    @property
+    def n_cached(self) -> int:
+        """Tokens the target's KV cache holds from this loop's latest generation (0: none valid)."""
+        if self._last is None or self._last[0] != self.target.kv_version:
+            return 0
+        g = self._last[1]
+        return g.n - len(g.carry)
+
     def _cached_prefix(self, prompt: np.ndarray) -> int:
         """Leading prompt tokens the target's KV cache holds at their positions (at most all
         but the last: its row gives the first token) -- 0 unless this loop wrote the cache
