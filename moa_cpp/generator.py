@@ -97,8 +97,7 @@ _SAMPLING_NOOP: dict = {
 }
 _NOOP: dict = {**_SAMPLING_NOOP, "suffix": (None,), "echo": (False,),
                "stopping_criteria": (None,)}
-_CHAT_NOOP: dict = {**_SAMPLING_NOOP, "functions": (None,),
-                    "function_call": (None,), "tools": (None,), "tool_choice": (None,)}
+_CHAT_NOOP: dict = dict(_SAMPLING_NOOP)
 
 
 def _is_value(value: Any, accepted: Any) -> bool:
@@ -176,6 +175,41 @@ def _chat_chunks(chunks: Iterator[dict]) -> Iterator[dict]:
         lp = c["choices"][0]["logprobs"]
         if finish is not None or text or lp:
             yield _chat_chunk(c, {} if finish is not None else {"content": text}, finish, lp)
+
+
+def _tool_response(r: dict, plan: Any) -> dict:
+    """A chat response whose answer is read as tool calls (llama-cpp-python's shape for a forced
+    call: content None, ``function_call`` and ``tool_calls``, finish_reason "tool_calls")."""
+    from .tools import answer, tool_calls
+    ch = r["choices"][0]
+    content, calls = answer(plan, ch["message"]["content"])
+    if calls:
+        ch["message"] = {"role": "assistant", "content": content, "tool_calls": tool_calls(calls, r["id"][4:])}
+        if plan.forced is not None:
+            ch["message"]["function_call"] = dict(calls[0])
+        ch["finish_reason"] = "tool_calls"
+    return r
+
+
+def _tool_chunks(chunks: Iterator[dict], plan: Any) -> Iterator[dict]:
+    """Streamed tool answers: the role first, then (once the answer is complete) the calls as one
+    ``tool_calls`` delta -- or the content, if no call was made -- then the reason."""
+    from .tools import answer, tool_calls
+    text, last = [], None
+    for i, c in enumerate(chunks):
+        if i == 0:
+            yield _chat_chunk(c, {"role": "assistant"}, None)
+        text.append(c["choices"][0]["text"])
+        last = c
+    content, calls = answer(plan, "".join(text))
+    if calls:
+        yield _chat_chunk(last, {"tool_calls": [{"index": i, **tc} for i, tc in
+                                                enumerate(tool_calls(calls, last["id"]))]}, None)
+        yield _chat_chunk(last, {}, "tool_calls")
+        return
+    if content:
+        yield _chat_chunk(last, {"content": content}, None)
+    yield _chat_chunk(last, {}, last["choices"][0]["finish_reason"])
 
 
 def _chat_chunk(c: dict, delta: dict, finish: Optional[str], logprobs: Any = None) -> dict:
@@ -314,11 +348,12 @@ class SpeculativeGenerator:
 
     # ------------------------------------------------------------------ prompts
 
-    def encode(self, prompt: Prompt, chat: bool = False) -> list:
+    def encode(self, prompt: Prompt, chat: bool = False, tools: Optional[list] = None) -> list:
         """Prompt text (optionally wrapped in the target's chat template) or ids -> ids. With
-        ``chat``, ``prompt`` may also be a list of ``{"role", "content"}`` messages."""
+        ``chat``, ``prompt`` may also be a list of ``{"role", "content"}`` messages (``tools``:
+        OpenAI tools the template renders)."""
         if chat and isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
-            text = self.target.apply_chat_template(list(prompt))
+            text = self.target.apply_chat_template(list(prompt), tools=tools)
             return self.target.tokenize(text, add_bos=False, special=True).tolist()
         if not isinstance(prompt, str):
             return [int(t) for t in prompt]
@@ -487,19 +522,36 @@ class SpeculativeGenerator:
         the same arguments, defaults and response / chunk shapes, plus ``"moa"`` (the statistics)
         in a whole response. ``messages``: ``{"role", "content"}`` dicts, the content a string or
         a list of ``{"type": "text", "text": ...}`` parts. Implemented and refused arguments as in
-        :meth:`create_completion` (tools, functions: only their defaults); ``response_format``
+        :meth:`create_completion`; ``tools`` / ``tool_choice`` (and the legacy ``functions`` /
+        ``function_call``) as :mod:`moa_cpp.tools` says: a named function is a forced call (its
+        arguments constrained to its schema, as llama-cpp-python), "required" any one of them,
+        "auto" what the chat template's model writes, parsed; ``response_format``
         ``{"type": "json_object"}`` (with llama-cpp-python's optional ``"schema"``) or OpenAI's
         ``{"type": "json_schema", "json_schema": {"schema": ...}}`` constrains the output to
         JSON (llama.cpp's grammar), as does ``grammar``; ``logprobs=True`` with ``top_logprobs`` N gives OpenAI's chat logprobs."""
         _refuse_unsupported("create_chat_completion", locals(), _CHAT_NOOP)
         if top_logprobs is not None and not logprobs:
             raise ValueError("create_chat_completion(top_logprobs=...) needs logprobs=True")
+        from . import tools as T
+        if functions is not None and tools is None:          # llama-cpp-python's legacy mapping
+            tools = [{"type": "function", "function": f} for f in functions]
+        if function_call is not None and tool_choice is None:
+            tool_choice = ({"type": "function", "function": {"name": function_call["name"]}}
+                           if isinstance(function_call, dict) else function_call)
+        plan = T.plan(tools, tool_choice, self.target.chat_template_text)
+        gram = request_grammar(grammar, None, response_format)
+        if plan.grammar and gram:
+            raise ValueError("create_chat_completion: a forced tool call and grammar / response_format each "
+                             "constrain the output: give one of them")
         eos = self.target.detokenize([self.target.eos_token], special=True) if self.target.eos_token >= 0 else ""
-        out = self._completion(_chat_messages(messages), True, max_tokens, _stops(stop) + [eos], stream, model,
-                               seed=seed, ignore_eos=ignore_eos, logprobs=(top_logprobs or 0) if logprobs else None,
-                               grammar=request_grammar(grammar, None, response_format),
+        out = self._completion(T.template_messages(_chat_messages(messages)), True, max_tokens, _stops(stop) + [eos],
+                               stream, model, seed=seed, ignore_eos=ignore_eos,
+                               logprobs=(top_logprobs or 0) if logprobs else None, grammar=plan.grammar or gram,
+                               tools=plan.tools,
                                **_llama_sampling(temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
                                                  presence_penalty, logit_bias))
+        if plan.active:
+            return _tool_chunks(out, plan) if stream else _tool_response(_chat_response(out), plan)
         return _chat_chunks(out) if stream else _chat_response(out)
 
     def _completion(self, prompt: Any, chat: bool, max_tokens: Optional[int], stops: list, stream: bool,
@@ -509,7 +561,7 @@ class SpeculativeGenerator:
         from .logprobs import LogprobWriter
         head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
                 "model": model if model is not None else str(self.target.path)}
-        ids = self.encode(prompt, chat)
+        ids = self.encode(prompt, chat, kw.pop("tools", None))
         kw.update(max_tokens=self._token_limit(max_tokens, len(ids)), stop=stops)
         writer = LogprobWriter(self.target, chat) if kw.get("logprobs") is not None else None
         if stream:

@@ -93,12 +93,12 @@ def _ensure_backend() -> None:
 
 
 def render_chat_template(template: str, messages: Sequence[dict], bos: str, eos: str,
-                         add_generation_prompt: bool = True) -> str:
+                         add_generation_prompt: bool = True, tools: Optional[list] = None) -> str:
     """A GGUF ``tokenizer.chat_template`` rendered as llama-cpp-python renders it (Jinja2), with
     the model's BOS / EOS text. One renderer for the target and the remote client's vocabulary."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
     fmt = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt)
-    return fmt(messages=list(messages)).prompt
+    return fmt(messages=list(messages), tools=tools).prompt
 
 
 class TextStream:
@@ -355,18 +355,25 @@ class Target:
             n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            tools: Optional[list] = None) -> str:
         """Render ``messages`` with the GGUF's ``tokenizer.chat_template`` (Jinja2, as
-        llama-cpp-python does for chat completions). Tokenize the result with
-        ``add_bos=False, special=True``: the template writes any BOS itself."""
-        template = self.chat_template or self.meta("tokenizer.chat_template")
+        llama-cpp-python does for chat completions; ``tools``: OpenAI tools, for templates that
+        render them). Tokenize the result with ``add_bos=False, special=True``: the template
+        writes any BOS itself."""
+        template = self.chat_template_text
         if template and "{{" not in template and "{%" not in template:       # a llama.cpp built-in's name
             return self._builtin_chat_template(messages, add_generation_prompt, template)
         if not template:
             return self._builtin_chat_template(messages, add_generation_prompt)
         bos = self.detokenize([self.bos_token], special=True) if self.bos_token >= 0 else ""
         eos = self.detokenize([self.eos_token], special=True) if self.eos_token >= 0 else ""
-        return render_chat_template(template, messages, bos, eos, add_generation_prompt)
+        return render_chat_template(template, messages, bos, eos, add_generation_prompt, tools)
+
+    @property
+    def chat_template_text(self) -> Optional[str]:
+        """The chat template in use: the override, else the GGUF's (Jinja), or None."""
+        return self.chat_template or self.meta("tokenizer.chat_template")
 
     def _builtin_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool,
                                name: Optional[str] = None) -> str:

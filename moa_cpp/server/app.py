@@ -31,6 +31,7 @@ from .extras import TextUtilities
 from .hosts import HostMiddleware, allowed_hosts
 from ..logprobs import LogprobWriter
 from ..speculative.grammar import Grammar
+from ..tools import ToolPlan, answer as tool_answer, may_be_call, tool_calls
 from .metrics import ServerMetrics
 from .remote_routes import RemoteAPI
 from .schemas import ChatRequest, CompletionRequest, parse_body
@@ -110,13 +111,20 @@ class Server:
                               param="max_tokens")
         prompt = req.message_dicts() if chat else req.prompt_value()
         sampling = req.sampling_extras(self.n_vocab)
+        tools = req.tool_plan(self.pool.sessions[0].gen.target.chat_template_text) if chat else ToolPlan()
+        if tools.grammar is not None:
+            if sampling["grammar"] is not None:
+                raise bad_request("a forced tool call (tool_choice) and grammar / json_schema / response_format each "
+                                  "constrain the output: give one of them", param="tool_choice")
+            sampling["grammar"] = tools.grammar
         if sampling["grammar"] is not None:
             try:     # parsed here, so that a bad grammar is a 400 before any stream starts
                 Grammar.compile(self.pool.sessions[0].gen.target, sampling["grammar"]).close()
             except ValueError as e:
                 raise bad_request(str(e), param="grammar") from None
         return GenParams(prompt, chat, limit, req.temperature, req.top_k, req.top_p, req.seed_or_none,
-                         req.stops, self._draft_override(req), req.ignore_eos, req.n_logprobs, sampling)
+                         req.stops, self._draft_override(req), req.ignore_eos, req.n_logprobs, sampling,
+                         tools.tools, tools)
 
 
 def _error_of(exc: BaseException) -> APIError:
@@ -147,6 +155,7 @@ class _Completion:
         self.n_prompt = 0
         self.n_cached = 0          # prompt tokens the session's KV cache already held
         self.logprobs = LogprobWriter(srv.pool.sessions[0].gen.target, chat) if params.logprobs is not None else None
+        self.tools = params.tool_plan           # answers read as tool calls (chat with tools)
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
@@ -161,10 +170,31 @@ class _Completion:
         choice: dict = {"index": 0, "logprobs": self.logprobs.part(lps or []) if self.logprobs else None,
                         "finish_reason": finish}
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = self._message(text, choice)
         else:
             choice["text"] = text
         return {**self._head(False), "choices": [choice], "usage": self.usage(n_tokens), "moa": _moa(stats, self.draft)}
+
+    def _message(self, text: str, choice: dict) -> dict:
+        if self.tools is None or not self.tools.active:
+            return {"role": "assistant", "content": text}
+        content, calls = tool_answer(self.tools, text)
+        if not calls:
+            return {"role": "assistant", "content": content}
+        choice["finish_reason"] = "tool_calls"
+        return {"role": "assistant", "content": content, "tool_calls": tool_calls(calls, self.id)}
+
+    def tool_deltas(self, text: str, finish: str) -> list:
+        """The held-back answer of a streamed tool request: its calls (or its content) as chunks,
+        then the last chunk."""
+        content, calls = tool_answer(self.tools, text)
+        if calls:
+            delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(tool_calls(calls, self.id))]}
+            return [self._delta_chunk(delta), self.chunk(None, finish="tool_calls")]
+        return ([self.chunk(content)] if content else []) + [self.chunk(None, finish=finish)]
+
+    def _delta_chunk(self, delta: dict) -> dict:
+        return {**self._head(True), "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
 
     def chunk(self, piece: Optional[str], finish: Optional[str] = None, first: bool = False,
               lps: Optional[list] = None) -> dict:
@@ -272,6 +302,8 @@ async def _collect(srv: Server, job: Job, out: _Completion) -> dict:
 async def _stream(srv: Server, job: Job, out: _Completion, include_usage: bool) -> AsyncIterator[bytes]:
     """SSE chunks; the client leaving cancels this generator, which stops the generation."""
     n = 0
+    # a tool request's answer is held back while it may still be a tool call (then sent whole)
+    held: Optional[list] = [] if out.tools is not None and out.tools.active else None
     try:
         if out.chat:
             yield _sse(out.chunk(None, first=True))
@@ -279,6 +311,12 @@ async def _stream(srv: Server, job: Job, out: _Completion, include_usage: bool) 
             ev = await job.events.get()
             if ev[0] == "piece":
                 n += len(ev[1])
+                if held is not None:
+                    held.append(ev[2])
+                    if may_be_call(out.tools, "".join(held)):
+                        continue
+                    ev = (ev[0], ev[1], "".join(held), ev[3])
+                    held = None
                 if ev[2] or (ev[3] and out.logprobs):
                     # a piece's tokens travel with it (text held back for a stop string or a
                     # multi-byte character may come a chunk later than its tokens' logprobs)
@@ -288,12 +326,15 @@ async def _stream(srv: Server, job: Job, out: _Completion, include_usage: bool) 
                 yield _sse(_error_of(ev[1]).body())
                 break
             stats = ev[1] if ev[0] == "done" else None
-            last = out.chunk(None, finish=(stats.finish_reason or "length") if stats else "abort")
+            finish = (stats.finish_reason or "length") if stats else "abort"
+            chunks = out.tool_deltas("".join(held), finish) if held is not None else [out.chunk(None, finish=finish)]
+            last = chunks[-1]
             if stats is not None:
                 out.n_cached = stats.n_cached
                 last["moa"] = _moa(stats, out.draft)
                 srv.metrics.observe(out.route, stats)
-            yield _sse(last)
+            for c in chunks:
+                yield _sse(c)
             if include_usage:
                 yield _sse({**out._head(True), "choices": [], "usage": out.usage(n)})
             break

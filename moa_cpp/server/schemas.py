@@ -22,6 +22,7 @@ from pydantic_core import PydanticCustomError
 
 from ..generator import parse_draft
 from ..structured import MAX_GRAMMAR_CHARS, StructuredOutputError, request_grammar
+from ..tools import MAX_TOOLS, ToolPlan, plan as plan_tools, template_messages
 from .errors import APIError, bad_request
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -150,9 +151,19 @@ class TextPart(BaseModel):
 
 class Message(BaseModel):
     model_config = _STRICT
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, Annotated[list[TextPart], Field(max_length=256)], None] = None
     name: Optional[Annotated[str, Field(max_length=256)]] = None
+    tool_calls: Optional[Annotated[list[dict], Field(max_length=MAX_TOOLS)]] = None    # assistant
+    tool_call_id: Optional[Annotated[str, Field(max_length=256)]] = None            # tool
+
+    def as_dict(self) -> dict:
+        # "developer" is OpenAI's new name for "system"; chat templates know "system"
+        d: dict = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        for k in ("tool_calls", "tool_call_id", "name"):
+            if getattr(self, k) is not None and (k != "name" or self.role == "tool"):
+                d[k] = getattr(self, k)
+        return d
 
     def text(self) -> str:
         if self.content is None:
@@ -167,6 +178,9 @@ class ChatRequest(_Sampling):
     max_completion_tokens: Optional[Annotated[int, Field(ge=1, le=2 ** 31 - 1)]] = None
     logprobs: Optional[bool] = False
     top_logprobs: Optional[Annotated[int, Field(ge=0, le=20)]] = None     # OpenAI's limit
+    tools: Optional[Annotated[list[dict], Field(max_length=MAX_TOOLS)]] = None
+    tool_choice: Optional[Union[str, dict]] = None
+    parallel_tool_calls: Optional[bool] = None       # accepted: every call the answer holds is returned
 
     @property
     def n_logprobs(self) -> Optional[int]:
@@ -178,8 +192,13 @@ class ChatRequest(_Sampling):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def message_dicts(self) -> list:
-        # "developer" is OpenAI's new name for "system"; chat templates know "system"
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        return template_messages([m.as_dict() for m in self.messages])
+
+    def tool_plan(self, template: Optional[str]) -> ToolPlan:
+        try:
+            return plan_tools(self.tools, self.tool_choice, template)
+        except StructuredOutputError as e:
+            raise bad_request(str(e), param=e.field) from None
 
     @property
     def token_limit(self) -> Optional[int]:

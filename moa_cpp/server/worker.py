@@ -32,6 +32,8 @@ class GenParams:
     ignore_eos: bool = False
     logprobs: Optional[int] = None    # each token's logprob and this many alternatives (None: off)
     sampling: dict = field(default_factory=dict)   # min_p, penalties, logit_bias (stream_steps keywords)
+    tools: Optional[list] = None      # OpenAI tools the chat template renders
+    tool_plan: Any = None             # moa_cpp.tools.ToolPlan of a chat request with tools
 
 
 class Job:
@@ -59,7 +61,7 @@ class Job:
         gen, p = self.session.gen, self.params
         tgt = gen.target
         try:
-            ids = gen.encode(p.prompt, p.chat)
+            ids = gen.encode(p.prompt, p.chat, p.tools)
         except APIError:
             raise
         except Exception as e:      # e.g. a chat template that rejects the roles' order
