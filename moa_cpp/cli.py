@@ -73,6 +73,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.captureWarnings(True)   # e.g. "-ngl on a CPU-only build" as one log line, not a source excerpt
+    if command == "generate" and getattr(args, "conversation", False):     # llama-cli -cnv: the chat
+        args.func = importlib.import_module(".cli_chat", __package__).run_chat
     try:
         return int(args.func(args) or 0)
     except MoaError as e:

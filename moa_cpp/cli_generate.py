@@ -211,9 +211,8 @@ def run_generate(args: argparse.Namespace) -> int:
         from .devices import describe
         print(describe())
         return 0
-    if args.conversation:
-        from .cli_chat import run_chat
-        return run_chat(args)
+    if args.conversation:       # cli.main runs `generate -cnv` as `chat`
+        raise InvalidArgumentError("-cnv/--conversation: run `moa-cpp chat`")
     prompt, chat = _prompt(args)
     grammar = _grammar(args)
     gen, draft = build_generator(args, grammar)

@@ -28,13 +28,15 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import llama_cpp
 import numpy as np
 
 from .errors import InvalidArgumentError
-from .target import Target
+
+if TYPE_CHECKING:      # annotations only: the target calls into this module (Target.exact_rows)
+    from .target import Target
 
 # Three different realistic windows: prose, code, chat-style text (see FIRST_PREFIX for how they
 # are laid out in one token stream).

@@ -256,9 +256,9 @@ def requantize(src: Union[str, os.PathLike], dst: Union[str, os.PathLike], qtype
     if not src_p.is_file():
         raise MoaIOError(f"requantize: {src_p} not found")
     dst_p.parent.mkdir(parents=True, exist_ok=True)
-    from . import target as _t
-    if verbose is not None or not _t._log_chosen:   # llama.cpp prints a line per tensor (hundreds)
-        _t.set_llama_log(bool(verbose))
+    from .llama_log import log_chosen, set_llama_log
+    if verbose is not None or not log_chosen():   # llama.cpp prints a line per tensor (hundreds)
+        set_llama_log(bool(verbose))
     params = llama_cpp.llama_model_quantize_default_params()
     params.nthread = n_threads
     params.ftype = _FTYPES[qtype]

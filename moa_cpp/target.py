@@ -16,7 +16,6 @@ Example::
 """
 from __future__ import annotations
 
-import collections
 import ctypes
 import os
 from pathlib import Path
@@ -29,6 +28,7 @@ from ._batch import LlamaBatch, SeqIds
 from .arch import embedding_scale
 from ._native import check, check_ptr, ffi, lib
 from .errors import CacheFullError, InvalidArgumentError, MoaError, MoaIOError
+from .llama_log import llama_errors, log_chosen, set_llama_log  # noqa: F401 - re-exported
 
 _ROPE_TYPES = {
     llama_cpp.LLAMA_ROPE_TYPE_NONE: "none",
@@ -51,38 +51,6 @@ def _default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
-
-
-def set_llama_log(verbose: bool) -> None:
-    """Let llama.cpp / ggml print their own log lines (model loading, quantizing: hundreds of
-    lines) or keep them quiet (the default of the CLI without --verbose). Process-wide."""
-    global _log_chosen
-    from llama_cpp import _logger
-    _logger.set_verbose(bool(verbose))
-    # Quiet means silent: llama.cpp logs harmless lines at error level too (Gemma-3: "control-
-    # looking token ... probably a bug in the model"); its recent error lines are kept and put
-    # into our exception when a load fails (llama_errors()).
-    llama_cpp.llama_log_set(_logger.llama_log_callback if verbose else _quiet_log, ctypes.c_void_p(0))
-    _log_chosen = True
-
-
-_recent_errors: "collections.deque[str]" = collections.deque(maxlen=8)
-
-
-@llama_cpp.llama_log_callback
-def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    if level == 3:  # GGML_LOG_LEVEL_ERROR
-        _recent_errors.append(text.decode("utf-8", "replace").strip())
-
-
-def llama_errors() -> str:
-    """llama.cpp's latest error lines while quiet (for error messages), then forget them."""
-    lines = [x for x in _recent_errors if x]
-    _recent_errors.clear()
-    return ("; llama.cpp said: " + " | ".join(lines)) if lines else ""
-
-
-_log_chosen = False   # set_llama_log was called: Target.from_path(verbose=None) keeps that choice
 
 
 def _ensure_backend() -> None:
@@ -221,7 +189,7 @@ class Target:
         if not p.is_file():
             raise MoaIOError(f"target model not found: {p}")
         _ensure_backend()
-        if verbose is not None or not _log_chosen:
+        if verbose is not None or not log_chosen():
             set_llama_log(bool(verbose))
         from .devices import check_offload
         check_offload(n_gpu_layers, rpc)
@@ -235,7 +203,7 @@ class Target:
             from .rpc import rpc_device_list
             devices = rpc_device_list(rpc)          # kept alive until the model is loaded
             mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
-        _recent_errors.clear()
+        llama_errors()                      # forget older lines: only this load's are reported
         model = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), mparams)
         del devices
         if not model:

@@ -257,9 +257,9 @@ class RemoteGenerator:
                  trace: bool = False, trust_server_bundle: bool = False, bundle_id: Optional[str] = None) -> None:
         import llama_cpp
 
-        from .. import target as _target
-        if not _target._log_chosen:          # llama.cpp's log lines only if someone asked for them
-            _target.set_llama_log(False)
+        from ..llama_log import log_chosen, set_llama_log
+        if not log_chosen():                 # llama.cpp's log lines only if someone asked for them
+            set_llama_log(False)
         if ca_dtype not in P.CA_DTYPES:
             raise ValueError(f"ca_dtype must be one of {', '.join(P.CA_DTYPES)}")
         self.draft = parse_draft(draft)
