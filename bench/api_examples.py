@@ -91,7 +91,7 @@ def qwen(cap: Capture) -> None:
     s("tools: the result goes back, the answer is words", "POST", "/v1/chat/completions",
       {"messages": ask + [{"role": "assistant", "content": None, "tool_calls": [call]},
                           {"role": "tool", "tool_call_id": call["id"], "content": "18 C, sunny"}],
-       "tools": [WEATHER], "max_tokens": 32, "temperature": 0})
+       "tools": [WEATHER], "tool_choice": "none", "max_tokens": 32, "temperature": 0})
 
 
 def main() -> int:
