@@ -23,7 +23,8 @@ PROMPT = "Q: Name three colors.\nA:"
 # what moa_cpp implements; every other argument of llama-cpp-python's signature is refused
 IMPLEMENTED = {"prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
                "model", "ignore_eos", "logprobs", "top_logprobs", "min_p", "repeat_penalty", "frequency_penalty",
-               "presence_penalty", "logit_bias", "grammar", "response_format"}
+               "presence_penalty", "logit_bias", "grammar", "response_format", "tools", "tool_choice", "functions",
+               "function_call"}
 # a value that changes the output in llama-cpp-python, per refused argument
 UNSUPPORTED = {
     "suffix": "!", "typical_p": 0.9, "echo": True, "tfs_z": 0.9, "mirostat_mode": 2, "mirostat_tau": 4.0,
@@ -32,9 +33,6 @@ UNSUPPORTED = {
 }
 UNSUPPORTED_CHAT = {
     **{k: v for k, v in UNSUPPORTED.items() if k not in ("suffix", "echo", "stopping_criteria")},
-    "functions": [{"name": "f", "parameters": {"type": "object"}}], "function_call": "auto",
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-    "tool_choice": "auto",
 }
 # no-op values accepted besides the defaults
 EXTRA_NOOP: dict = {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..generator import parse_draft
@@ -154,8 +154,17 @@ class Message(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, Annotated[list[TextPart], Field(max_length=256)], None] = None
     name: Optional[Annotated[str, Field(max_length=256)]] = None
-    tool_calls: Optional[Annotated[list[dict], Field(max_length=MAX_TOOLS)]] = None    # assistant
+    tool_calls: Optional[Annotated[list[dict], Field(min_length=1, max_length=MAX_TOOLS)]] = None  # assistant
     tool_call_id: Optional[Annotated[str, Field(max_length=256)]] = None            # tool
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> "Message":
+        # as OpenAI: tool calls only on assistant messages, and a tool message names its call
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls: only assistant messages carry tool calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("tool_call_id: a tool message needs one, and only tool messages have one")
+        return self
 
     def as_dict(self) -> dict:
         # "developer" is OpenAI's new name for "system"; chat templates know "system"
@@ -178,7 +187,7 @@ class ChatRequest(_Sampling):
     max_completion_tokens: Optional[Annotated[int, Field(ge=1, le=2 ** 31 - 1)]] = None
     logprobs: Optional[bool] = False
     top_logprobs: Optional[Annotated[int, Field(ge=0, le=20)]] = None     # OpenAI's limit
-    tools: Optional[Annotated[list[dict], Field(max_length=MAX_TOOLS)]] = None
+    tools: Optional[Annotated[list[dict], Field(min_length=1, max_length=MAX_TOOLS)]] = None
     tool_choice: Optional[Union[str, dict]] = None
     parallel_tool_calls: Optional[bool] = None       # accepted: every call the answer holds is returned
 

@@ -86,10 +86,14 @@ class HybridProposer:
             p.reset()
 
     def rewind(self, n: int) -> int:
-        """Every source keeps what all of them know (they share one feed)."""
-        m = min(p.rewind(n) for p in self.proposers)
+        """Every source keeps what all of them know (they share one feed); a source that cannot
+        rewind (an oracle) starts over, and so do the others then."""
+        m = min(p.rewind(n) if hasattr(p, "rewind") else 0 for p in self.proposers)
         for p in self.proposers:
-            p.rewind(m)
+            if hasattr(p, "rewind"):
+                p.rewind(m)
+            else:
+                p.reset()
         return m
 
     def observe(self, lsa_in: np.ndarray, pos0: int) -> None:
