@@ -19,7 +19,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from ..errors import CacheFullError, MoaError
+from ..errors import CacheFullError
 from ..target import MAX_VERIFY_ROWS, Target
 from .policy import Policy, make_policy
 from .scorer import TargetScorer
@@ -27,6 +27,7 @@ from .types import (NO_DRAFT, DraftConfig, Proposal, Proposer, SamplingParams, S
                     TokenLogprob, Verdict)
 from .grammar import Grammar, constrain_rows
 from .penalties import adjust_rows
+from .prefix_cache import PrefixCache
 from .verify import probs_from_logits, verify
 
 
@@ -111,9 +112,9 @@ class SpeculativeLoop:
         # Optional observer of every cycle: on_cycle(pos, root, proposal, scores, verdict) (tests,
         # diagnostics). Called after verification, before the commit.
         self.on_cycle = None
-        # (target.kv_version, generation) after this loop's latest write to the target's KV
-        # cache: the next prompt reuses the prefix it shares with what the cache then held
-        self._last: Optional[tuple] = None
+        # what the caches hold after this loop's latest generation: the next prompt reuses the
+        # prefix it shares with it
+        self.prefix = PrefixCache(target)
 
     # ------------------------------------------------------------------ settings
 
@@ -164,7 +165,7 @@ class SpeculativeLoop:
         policy drafts) and sample the first token. ``logprobs`` (None: off): every emitted token's
         logprob and this many top alternatives (:class:`TokenLogprob` in the results).
         ``reuse``: decode only what follows the prefix the KV caches (target and drafter) still
-        hold from this loop's previous generation (:meth:`_reuse`)."""
+        hold from this loop's previous generation (:class:`PrefixCache`)."""
         tgt = self.target
         prompt = np.asarray(prompt, dtype=np.int32).reshape(-1)
         if prompt.size == 0:
@@ -183,7 +184,7 @@ class SpeculativeLoop:
             g.max_rows = self.batch_rows(cfg)
         capture = drafting and bool(getattr(self.proposer, "needs_capture", False))
         t0 = time.perf_counter()
-        kept, seen = self._reuse(prompt, drafting, capture, reuse)
+        kept, seen = self.prefix.prepare(prompt, self.proposer, drafting, capture, reuse)
         g.stats.n_cached = kept
         for off in range(kept, prompt.size, tgt.n_batch):
             chunk = prompt[off: off + tgt.n_batch]
@@ -204,57 +205,12 @@ class SpeculativeLoop:
 
     def cached_prefix(self, prompt: Sequence[int]) -> int:
         """How many leading tokens of ``prompt`` the next prefill would not decode again."""
-        return self._cached_prefix(np.asarray(prompt, dtype=np.int32).reshape(-1))
+        return self.prefix.common(np.asarray(prompt, dtype=np.int32).reshape(-1))
 
     @property
     def n_cached(self) -> int:
         """Tokens the target's KV cache holds from this loop's latest generation (0: none valid)."""
-        if self._last is None or self._last[0] != self.target.kv_version:
-            return 0
-        g = self._last[1]
-        return g.n - len(g.carry)
-
-    def _cached_prefix(self, prompt: np.ndarray) -> int:
-        """Leading prompt tokens the target's KV cache holds at their positions (at most all
-        but the last: its row gives the first token) -- 0 unless this loop wrote the cache
-        last. Sliding-window caches (n_swa > 0) may have evicted a prefix's cells: never reused."""
-        if self._last is None or self._last[0] != self.target.kv_version or self.target.n_swa > 0:
-            return 0
-        g = self._last[1]
-        cached = np.asarray(g.ids[: g.n - len(g.carry)], dtype=np.int32)
-        n = min(cached.size, prompt.size - 1)
-        diff = np.flatnonzero(cached[:n] != prompt[:n])
-        return int(diff[0]) if diff.size else n
-
-    def _reuse(self, prompt: np.ndarray, drafting: bool, capture: bool, reuse: bool) -> tuple[int, int]:
-        """Prepare the caches for ``prompt``: ``(kept, seen)`` = the target keeps positions <
-        kept (the prefill decodes the rest), the proposer knows positions < seen (it is fed the
-        rest). A capturing drafter needs the target's K/V of every position it does not hold, so
-        then kept = seen. Greedy output is the same as from empty caches wherever the target's
-        rows do not depend on the batch they were computed in (the exactness llama.cpp's own
-        prompt cache assumes; tests/test_prompt_cache.py)."""
-        kept = self._cached_prefix(prompt) if reuse else 0
-        seen = 0
-        prop = self.proposer
-        if prop is not None:
-            if drafting and hasattr(prop, "rewind"):
-                seen = prop.rewind(kept)
-            else:
-                prop.reset()
-            if capture:
-                kept = seen
-        if kept:
-            try:
-                self.target.rollback(kept)
-            except MoaError:           # a memory that cannot drop a suffix (recurrent models)
-                kept = 0
-        if not kept:
-            self.target.clear()
-            if capture and seen:
-                prop.reset()
-                seen = 0
-        self._last = None
-        return kept, seen
+        return self.prefix.n_cached
 
     # ------------------------------------------------------------------ one cycle
 
@@ -405,7 +361,7 @@ class SpeculativeLoop:
               t_drafter: float = 0.0, t_target: float = 0.0, t_capture: float = 0.0,
               lp: Optional[list] = None) -> StepResult:
         """Emit verified tokens up to EOG / max_tokens; update the generation's stats."""
-        self._last = (self.target.kv_version, g)
+        self.prefix.record(g)
         out: list = []
         reason = ""
         for tok in candidates:
@@ -444,7 +400,7 @@ class SpeculativeLoop:
         return any(g.grammar.allows(int(t)) for t in self.target.eog_tokens)
 
     def _finish(self, g: Generation, reason: str) -> StepResult:
-        self._last = (self.target.kv_version, g)
+        self.prefix.record(g)
         g.finished = True
         g.stats.finish_reason = reason
         g.stats.t_total = time.perf_counter() - g.t_start
