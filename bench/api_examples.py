@@ -94,29 +94,27 @@ def qwen(cap: Capture) -> None:
        "tools": [WEATHER], "tool_choice": "none", "max_tokens": 32, "temperature": 0})
 
 
+def captured(examples, *serve_args: str) -> list:
+    """The examples ``examples(cap)`` sends to a `moa-cpp serve *serve_args` on loopback."""
+    srv = ServerProc(*serve_args)
+    try:
+        cap = Capture(srv)
+        examples(cap)
+        return cap.out
+    finally:
+        srv.terminate()
+
+
 def main() -> int:
     from moa_cpp import models
     parts = ["# `moa-cpp serve`: request/response examples\n\nCaptured by `python bench/api_examples.py` from "
              "real servers on 127.0.0.1 (greedy; `id`/`created` left out, long answers cut with `...`).\n",
              "## SmolLM2-135M-Instruct with its MoA drafter\n\n`moa-cpp serve --metrics --cors-origins "
              "http://localhost:3000 -t 2`\n"]
-    srv = ServerProc("--metrics", "--cors-origins", "http://localhost:3000", "-t", "2")
-    try:
-        cap = Capture(srv)
-        smollm2(cap)
-        parts += cap.out
-    finally:
-        srv.terminate()
-    q = str(models.qwen25_coder_05b_path())
+    parts += captured(smollm2, "--metrics", "--cors-origins", "http://localhost:3000", "-t", "2")
     parts.append("## Qwen2.5-Coder-0.5B-Instruct Q4_K_M (its template renders tools)\n\n"
                  "`moa-cpp serve -m qwen2.5-coder-0.5b-instruct-q4_k_m.gguf -t 2`\n")
-    srv = ServerProc("-m", q, "-t", "2", "--n-ctx", "2048")
-    try:
-        cap = Capture(srv)
-        qwen(cap)
-        parts += cap.out
-    finally:
-        srv.terminate()
+    parts += captured(qwen, "-m", str(models.qwen25_coder_05b_path()), "-t", "2", "--n-ctx", "2048")
     out = REPO / "docs" / "server-examples.md"
     out.write_text("\n\n".join(parts) + "\n")
     print(f"wrote {out}")

@@ -180,13 +180,13 @@ def _chat_chunks(chunks: Iterator[dict]) -> Iterator[dict]:
 def _tool_response(r: dict, plan: Any) -> dict:
     """A chat response whose answer is read as tool calls (llama-cpp-python's shape for a forced
     call: content None, ``function_call`` and ``tool_calls``, finish_reason "tool_calls")."""
-    from .tools import answer, tool_calls
+    from .tools import assistant_message
     ch = r["choices"][0]
-    content, calls = answer(plan, ch["message"]["content"])
-    if calls:
-        ch["message"] = {"role": "assistant", "content": content, "tool_calls": tool_calls(calls, r["id"][4:])}
+    msg, called = assistant_message(plan, ch["message"]["content"], r["id"][4:])
+    if called:
+        ch["message"] = msg
         if plan.forced is not None:
-            ch["message"]["function_call"] = dict(calls[0])
+            ch["message"]["function_call"] = dict(msg["tool_calls"][0]["function"])
         ch["finish_reason"] = "tool_calls"
     return r
 
@@ -194,22 +194,17 @@ def _tool_response(r: dict, plan: Any) -> dict:
 def _tool_chunks(chunks: Iterator[dict], plan: Any) -> Iterator[dict]:
     """Streamed tool answers: the role first, then (once the answer is complete) the calls as one
     ``tool_calls`` delta -- or the content, if no call was made -- then the reason."""
-    from .tools import answer, tool_calls
+    from .tools import stream_delta
     text, last = [], None
     for i, c in enumerate(chunks):
         if i == 0:
             yield _chat_chunk(c, {"role": "assistant"}, None)
         text.append(c["choices"][0]["text"])
         last = c
-    content, calls = answer(plan, "".join(text))
-    if calls:
-        yield _chat_chunk(last, {"tool_calls": [{"index": i, **tc} for i, tc in
-                                                enumerate(tool_calls(calls, last["id"]))]}, None)
-        yield _chat_chunk(last, {}, "tool_calls")
-        return
-    if content:
-        yield _chat_chunk(last, {"content": content}, None)
-    yield _chat_chunk(last, {}, last["choices"][0]["finish_reason"])
+    delta, called = stream_delta(plan, "".join(text), last["id"])
+    if delta is not None:
+        yield _chat_chunk(last, delta, None)
+    yield _chat_chunk(last, {}, "tool_calls" if called else last["choices"][0]["finish_reason"])
 
 
 def _chat_chunk(c: dict, delta: dict, finish: Optional[str], logprobs: Any = None) -> dict:

@@ -160,6 +160,23 @@ def tool_calls(calls: list, completion_id: str) -> list:
              "function": {"name": c["name"], "arguments": c["arguments"]}} for i, c in enumerate(calls)]
 
 
+def assistant_message(p: ToolPlan, text: str, completion_id: str) -> tuple:
+    """(OpenAI assistant message, whether it holds calls) of a whole answer under plan ``p``."""
+    content, calls = answer(p, text)
+    if not calls:
+        return {"role": "assistant", "content": content}, False
+    return {"role": "assistant", "content": content, "tool_calls": tool_calls(calls, completion_id)}, True
+
+
+def stream_delta(p: ToolPlan, text: str, completion_id: str) -> tuple:
+    """(the delta of a held-back streamed answer -- its calls as one ``tool_calls`` delta, or its
+    content; None if empty --, whether it holds calls)."""
+    msg, called = assistant_message(p, text, completion_id)
+    if called:
+        return {"tool_calls": [{"index": i, **c} for i, c in enumerate(msg["tool_calls"])]}, True
+    return ({"content": msg["content"]} if msg["content"] else None), False
+
+
 def answer(p: ToolPlan, text: str) -> tuple:
     """(content, calls) of a whole answer under plan ``p``."""
     if p.forced is not None:

@@ -67,3 +67,16 @@ def fixture_generator(fixture_dir: Path, out_dir: Path, *, n_ctx: int, draft: Op
     target = Target.from_path(tgt_path, n_ctx=n_ctx, n_batch=128, flash_attn=False)
     gen = SpeculativeGenerator(target, DrafterModel(drafter, tgt_path), draft=draft)
     return dict(np.load(fixture_dir / "golden.npz")), gen
+
+
+def drafting_default_generator(*, n_ctx: int, n_threads: int, **kw):
+    """The default target with its shipped drafter, made to draft: the cost-aware default drafts
+    only once the target's verify cost T(k) is measured; a flat T(k) (as on a GPU) makes every
+    generation go through speculation, so comparisons with plain decoding test it."""
+    from moa_cpp import defaults
+    from moa_cpp.generator import SpeculativeGenerator
+
+    g = SpeculativeGenerator.from_paths(defaults.default_target(), defaults.default_drafter(), n_ctx=n_ctx,
+                                        n_threads=n_threads, **kw)
+    g.loop.policy_for(g.draft).verify_cost = {k: 0.01 for k in range(1, 10)}
+    return g

@@ -20,10 +20,11 @@ import pytest
 from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
 from scipy.stats import chisquare
 
-from moa_cpp import SpeculativeGenerator, defaults
+from moa_cpp import defaults
 from moa_cpp.speculative.grammar import Grammar, constrain_rows
 from moa_cpp.speculative.types import DraftConfig, Proposal, SamplingParams
 from moa_cpp.speculative.verify import probs_from_logits
+from helpers import drafting_default_generator
 from moa_cpp.structured import StructuredOutputError, grammar_for_json_schema, request_grammar
 
 pytestmark = pytest.mark.model
@@ -43,10 +44,7 @@ PROMPTS = ["Describe a cat as JSON with its name and age.", "Q: Is the sky blue?
 
 @pytest.fixture(scope="module")
 def gen():
-    g = SpeculativeGenerator.from_paths(defaults.default_target(), defaults.default_drafter(), n_ctx=N_CTX,
-                                        n_threads=2)
-    # draft whatever T(k) says (a flat cost, as on a GPU): every comparison goes through speculation
-    g.loop.policy_for(g.draft).verify_cost = {k: 0.01 for k in range(1, 10)}
+    g = drafting_default_generator(n_ctx=N_CTX, n_threads=2)
     yield g
     g.close()
 

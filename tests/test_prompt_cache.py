@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from moa_cpp import SpeculativeGenerator, defaults
+from helpers import drafting_default_generator
 from moa_cpp.speculative.proposers import moa_state
 
 pytestmark = pytest.mark.model
@@ -26,9 +27,7 @@ TURNS = ["What is the capital of France?", "And of Germany?", "Tell me a fact ab
 
 @pytest.fixture(scope="module")
 def gens():
-    spec = SpeculativeGenerator.from_paths(defaults.default_target(), defaults.default_drafter(), n_ctx=1024,
-                                           n_threads=2, target_options=EXACT)
-    spec.loop.policy_for(spec.draft).verify_cost = {k: 0.01 for k in range(1, 10)}   # draft (a flat T(k))
+    spec = drafting_default_generator(n_ctx=1024, n_threads=2, target_options=EXACT)
     fresh = SpeculativeGenerator.from_paths(defaults.default_target(), defaults.default_drafter(), n_ctx=1024,
                                             n_threads=2, target_options=EXACT)
     yield spec, fresh

@@ -11,6 +11,7 @@ import llama_cpp
 import pytest
 
 from moa_cpp import SpeculativeGenerator, defaults
+from helpers import drafting_default_generator
 from moa_cpp.generator import _llama_sampling
 
 pytestmark = pytest.mark.model
@@ -41,11 +42,7 @@ EXTRA_NOOP_CHAT: dict = {}
 
 @pytest.fixture(scope="module")
 def gen():
-    g = SpeculativeGenerator.from_paths(defaults.default_target(), defaults.default_drafter(), n_ctx=N_CTX,
-                                        n_threads=1)
-    # the cost-aware default drafts only once this target's verify cost T(k) is measured; a flat
-    # T(k) (as on a GPU) makes it draft here, so that the comparisons go through speculation
-    g.loop.policy_for(g.draft).verify_cost = {k: 0.01 for k in range(1, 10)}
+    g = drafting_default_generator(n_ctx=N_CTX, n_threads=1)
     yield g
     g.close()
 

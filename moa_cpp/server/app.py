@@ -31,7 +31,7 @@ from .extras import TextUtilities
 from .hosts import HostMiddleware, allowed_hosts
 from ..logprobs import LogprobWriter
 from ..speculative.grammar import Grammar
-from ..tools import ToolPlan, answer as tool_answer, may_be_call, tool_calls
+from ..tools import ToolPlan, assistant_message, may_be_call, stream_delta
 from .metrics import ServerMetrics
 from .remote_routes import RemoteAPI
 from .schemas import ChatRequest, CompletionRequest, parse_body
@@ -178,20 +178,17 @@ class _Completion:
     def _message(self, text: str, choice: dict) -> dict:
         if self.tools is None or not self.tools.active:
             return {"role": "assistant", "content": text}
-        content, calls = tool_answer(self.tools, text)
-        if not calls:
-            return {"role": "assistant", "content": content}
-        choice["finish_reason"] = "tool_calls"
-        return {"role": "assistant", "content": content, "tool_calls": tool_calls(calls, self.id)}
+        msg, called = assistant_message(self.tools, text, self.id)
+        if called:
+            choice["finish_reason"] = "tool_calls"
+        return msg
 
     def tool_deltas(self, text: str, finish: str) -> list:
         """The held-back answer of a streamed tool request: its calls (or its content) as chunks,
         then the last chunk."""
-        content, calls = tool_answer(self.tools, text)
-        if calls:
-            delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(tool_calls(calls, self.id))]}
-            return [self._delta_chunk(delta), self.chunk(None, finish="tool_calls")]
-        return ([self.chunk(content)] if content else []) + [self.chunk(None, finish=finish)]
+        delta, called = stream_delta(self.tools, text, self.id)
+        return ([self._delta_chunk(delta)] if delta is not None else []) + \
+            [self.chunk(None, finish="tool_calls" if called else finish)]
 
     def _delta_chunk(self, delta: dict) -> dict:
         return {**self._head(True), "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
@@ -220,7 +217,7 @@ def _prefix_key(srv: Server, params: GenParams) -> Any:
     def key(session: Any) -> int:
         if not ids:
             try:
-                ids.append(session.gen.encode(params.prompt, params.chat))
+                ids.append(session.gen.encode(params.prompt, params.chat, params.tools))
             except Exception:        # the worker reports it
                 ids.append(None)
         if not ids[0]:
