@@ -10,9 +10,9 @@ default: from 4 rows the repacked Q4_K GEMM takes over) and up to 7 without it.
 
 :func:`measure_exact_rows` finds the largest batch size R such that every b in 1..R is exact on
 a few realistic token windows (tokens of a tokenized text after a context prefix, not constant
-ids); :func:`exact_rows` caches the result on disk per (model file, threads, flash attention,
-repacking, llama-cpp-python version, backend/device) in :func:`moa_cpp.models.cache_dir`, so it
-is measured once per model on a machine.
+ids); :func:`exact_rows` caches the result on disk (:mod:`moa_cpp.calibration_cache`, keyed by
+model file, threads, flash attention, repacking, build, backend/device), so it is measured once
+per model on a machine.
 
 Example::
 
@@ -22,17 +22,12 @@ Example::
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import platform
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-import llama_cpp
 import numpy as np
 
+from . import calibration_cache
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:      # annotations only: the target calls into this module (Target.exact_rows)
@@ -83,7 +78,6 @@ NEW_CONTEXT = 8
 # The search: every size up to 8, then 16, 32, 63 (bisecting after a failure among those).
 SMALL_STEPS = 8
 JUMPS = (16, 32, 63)
-_CACHE_NAME = "exact_rows.json"
 
 
 def _windows(target: Target, max_rows: int, n_texts: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -265,64 +259,11 @@ def batch_row_diffs(target: Target, b: int, *, window: int = 0, max_rows: Option
 # ---------------------------------------------------------------------- cache
 
 
-def _device_tag(target: Target) -> str:
-    """Backend/device identity: CPU architecture, llama.cpp's system info (the ISA features its
-    CPU kernels are chosen by), whether the build can offload to a GPU and, where the Target
-    records it, how many layers it offloads."""
-    try:
-        info = llama_cpp.llama_print_system_info()
-        info = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
-        offload = int(bool(llama_cpp.llama_supports_gpu_offload()))
-    except Exception:  # pragma: no cover - older bindings
-        info, offload = "", "?"
-    gpu = getattr(target, "n_gpu_layers", None)
-    h = hashlib.sha256(info.encode()).hexdigest()[:12]
-    return f"{platform.machine()}|sys:{h}|offload{offload}|ngl{gpu if gpu is not None else '?'}"
-
-
-def cache_key(target: Target) -> str:
-    """The settings an exactness measurement depends on."""
-    p = Path(target.path).resolve()
-    st = p.stat()
-    return (f"{p}|{st.st_size}|{st.st_mtime_ns}|t{target.n_threads}|fa{int(target.flash_attn)}"
-            f"|repack{int(bool(getattr(target, 'repack', True)))}|llama-cpp-python {llama_cpp.__version__}"
-            f"|{_device_tag(target)}{_batch_tag(target)}")
-
-
-def _batch_tag(target: Target) -> str:
-    """Settings that change batch arithmetic, only where they differ from the defaults (so the
-    entries measured with the defaults stay valid): a quantized KV cache, a physical batch that
-    splits a 63-row verification."""
-    tag = ""
-    if getattr(target, "cache_type", "f16") != "f16":
-        tag += f"|kv{target.cache_type}"
-    ub = getattr(target, "n_ubatch", None)
-    if ub is not None and ub < 64:
-        tag += f"|ub{ub}"
-    return tag
-
-
-def _cache_file() -> Path:
-    from .models import cache_dir
-    return cache_dir() / _CACHE_NAME
-
-
-def _load() -> dict:
-    f = _cache_file()
-    if not f.is_file():
-        return {}
-    try:
-        data = json.loads(f.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def cached_exact_rows(target: Target, max_rows: int = 63) -> Optional[int]:
     """The cached result for this target and ``max_rows``, or None (nothing cached, or cached
     for a smaller ``max_rows`` that was exact throughout)."""
-    e = _load().get(cache_key(target))
-    if not isinstance(e, dict) or "exact_rows" not in e:
+    e = calibration_cache.lookup("exact_rows", target)
+    if e is None or "exact_rows" not in e:
         return None
     r, tested_to = int(e["exact_rows"]), int(e.get("max_rows", 0))
     cap = _clamp_rows(target, max_rows)
@@ -333,7 +274,7 @@ def cached_exact_rows(target: Target, max_rows: int = 63) -> Optional[int]:
 
 def exact_rows(target: Target, max_rows: int = 63, *, use_cache: bool = True, timings: Optional[dict] = None) -> int:
     """:func:`measure_exact_rows` of ``target``, measured once and cached on disk
-    (``exact_rows.json`` in :func:`moa_cpp.models.cache_dir`). ``timings``: see
+    (:mod:`moa_cpp.calibration_cache`). ``timings``: see
     :func:`measure_exact_rows` (left empty on a cache hit)."""
     if use_cache:
         hit = cached_exact_rows(target, max_rows)
@@ -342,12 +283,8 @@ def exact_rows(target: Target, max_rows: int = 63, *, use_cache: bool = True, ti
     info: dict = {}
     r = measure_exact_rows(target, max_rows, details=info, timings=timings)
     if use_cache:
-        data = _load()
-        data[cache_key(target)] = {"exact_rows": r, "max_rows": info["max_rows"],
-                                   "first_failure": info["first_failure"], "max_abs_diff": info["max_abs_diff"],
-                                   "seconds": round(info["seconds"], 3), "measured_at": int(time.time())}
-        f = _cache_file()
-        tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, f)
+        calibration_cache.store("exact_rows", target, {
+            "exact_rows": r, "max_rows": info["max_rows"], "first_failure": info["first_failure"],
+            "max_abs_diff": info["max_abs_diff"], "seconds": round(info["seconds"], 3),
+            "measured_at": int(time.time())})
     return r

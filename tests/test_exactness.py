@@ -18,7 +18,7 @@ import json
 import numpy as np
 import pytest
 
-from moa_cpp import exactness, models
+from moa_cpp import calibration_cache, exactness, models
 from moa_cpp.exactness import batch_row_diffs, cached_exact_rows, exact_rows, measure_exact_rows
 from moa_cpp.target import Target
 
@@ -109,9 +109,10 @@ def test_cache_hit_needs_no_decode(smollm2, tmp_path, monkeypatch):
     monkeypatch.setenv("MOA_CPP_CACHE", str(tmp_path))
     assert cached_exact_rows(smollm2, 8) is None
     r = exact_rows(smollm2, max_rows=8)       # measured: 8 (every size) on the EPYCs here
-    data = json.loads((tmp_path / "exact_rows.json").read_text())
-    (key, entry), = data.items()
-    assert key == exactness.cache_key(smollm2) and entry["exact_rows"] == r and entry["max_rows"] == 8
+    data = json.loads((tmp_path / "calibration.json").read_text())
+    (key, row), = data.items()
+    entry = row["exact_rows"]
+    assert key == calibration_cache.fingerprint(smollm2) and entry["exact_rows"] == r and entry["max_rows"] == 8
 
     def no_decode(*a, **k):
         raise AssertionError("decoded on a cache hit")
@@ -131,6 +132,6 @@ def test_cache_hit_needs_no_decode(smollm2, tmp_path, monkeypatch):
     other = Target.from_path(models.smollm2_path(), n_ctx=512, n_threads=1, install_callback=False, repack=False)
     try:
         assert other.repack is False and smollm2.repack is True
-        assert exactness.cache_key(other) != exactness.cache_key(smollm2)
+        assert calibration_cache.fingerprint(other) != calibration_cache.fingerprint(smollm2)
     finally:
         other.close()

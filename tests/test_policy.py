@@ -200,7 +200,8 @@ def test_calibration_times_the_sizes_the_exactness_search_did_not(tmp_path, monk
     use (a KeyError in the policy's decision line, found by the CLI test under load)."""
     from moa_cpp import exactness
     monkeypatch.setenv("MOA_CPP_CACHE", str(tmp_path))
-    monkeypatch.setattr(pol, "_cost_key", lambda target: "k")
+    from moa_cpp import calibration_cache
+    monkeypatch.setattr(calibration_cache, "fingerprint", lambda target: "k")
 
     def search(target, need, timings=None, **kw):
         timings.update({1: [1.0, 1.1], 2: [1.6]})          # b = 2 was the first inexact size

@@ -15,16 +15,14 @@ root + k drafts) + k * t_row (drafter rows). Speed(k) = E(k) / cost(k); plain = 
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
+from .. import calibration_cache
 from ..target import Target
 from .types import DraftConfig, NO_DRAFT
 
@@ -71,42 +69,17 @@ class CostAwareSettings:
 
 # ---------------------------------------------------------------------------- T(k) measurement
 
-def _cache_file() -> Path:
-    from ..models import cache_dir
-    return cache_dir() / "verify_cost.json"
-
-
-def _cost_key(target: Target) -> str:
-    # one fingerprint for both calibration caches (model file, threads, flash attention, repacking,
-    # offload, build, CPU features: moa_cpp.exactness.cache_key), plus the core count
-    from ..exactness import cache_key
-    return f"{cache_key(target)}|cpus{os.cpu_count()}"
-
-
-def _read_cache() -> dict:
-    try:
-        return json.loads(_cache_file().read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_cache(target: Target, cost: dict, replace: bool = False) -> None:
+def _store(target: Target, cost: dict, replace: bool = False) -> None:
     """Store T(k); ``replace``: this measurement is the whole table (a calibration: never mix the
     sizes of two measurements made under different conditions), else merge it into the entry."""
-    cache = _read_cache()
-    key = _cost_key(target)
-    old = {} if replace else cache.get(key, {})
-    cache[key] = {**old, **{str(k): v for k, v in cost.items()}}
-    tmp = _cache_file().with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(cache))
-    os.replace(tmp, _cache_file())      # atomic: concurrent processes never read half a file
+    calibration_cache.store("verify_cost", target, {str(k): v for k, v in cost.items()}, merge=not replace)
 
 
 def cached_verify_cost(target: Target, ks: Sequence[int] = ()) -> Optional[dict]:
     """The cached T(k) of this target (model file, threads, build), or None if any of ``ks``
     (default: k = 1, 2) was never measured. Never decodes."""
-    entry = _read_cache().get(_cost_key(target))
-    if not isinstance(entry, dict) or not all(str(k) in entry for k in (ks or (1, 2))):
+    entry = calibration_cache.lookup("verify_cost", target)
+    if entry is None or not all(str(k) in entry for k in (ks or (1, 2))):
         return None
     return {int(k): float(v) for k, v in entry.items()}
 
@@ -153,7 +126,7 @@ def calibrate_verify_cost(target: Target, k_max: int) -> dict:
         # full batches, so the policy needs them all)
         cost.update(measure_verify_cost(target, ks=missing, reps=2, use_cache=False))
         cost = verify_cost_from_timings({k: [v] for k, v in cost.items()}, need)
-    _write_cache(target, cost, replace=True)
+    _store(target, cost, replace=True)
     return cost
 
 
@@ -180,7 +153,7 @@ def measure_verify_cost(target: Target, ks=(1, 2, 3, 4, 5, 6, 7, 8, 9), reps: in
     target.clear()
     out = {k: float(np.median(v)) for k, v in times.items()}
     if use_cache:
-        _write_cache(target, out)
+        _store(target, out)
     return out
 
 
