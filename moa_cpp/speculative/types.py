@@ -160,6 +160,14 @@ class Proposal:
                         None if self.q is None else self.q[cut], self.draft_rows,
                         None if self.sources is None else self.sources[cut])
 
+    def source_of(self, node: int, names: Sequence[str]) -> str:
+        """Who proposed ``node``: its source's name (``names``: the proposer's sources in bit
+        order), sources joined by "+" where a hybrid's sources proposed it alike."""
+        if self.sources is None:
+            return names[0] if names else "draft"
+        bits = int(self.sources[node])
+        return "+".join(n for s, n in enumerate(names) if bits & (1 << s)) or "draft"
+
     def children(self) -> list[list[int]]:
         """children[i + 1] = child node indices of node i; children[0] = the root's children."""
         ch: list[list[int]] = [[] for _ in range(self.n + 1)]
@@ -213,6 +221,9 @@ class StepResult:
     t_target: float = 0.0
     t_capture: float = 0.0
     logprobs: tuple = ()          # TokenLogprob per emitted token, when the generation asked for them
+    # per emitted token, who chose it: a proposer source whose draft the target accepted ("moa",
+    # "ngram", "draft", "moa+ngram") or "target" (the verification's own token)
+    origins: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -255,6 +266,9 @@ class SpecStats:
     # per proposer source ("moa", "ngram", "draft"): {"proposed": nodes, "accepted": nodes}; a node
     # two sources of a hybrid both proposed counts for both
     by_source: dict = field(default_factory=dict)
+    # emitted tokens by who chose them (StepResult.origins): accepted drafts that were emitted
+    # (not cut by EOG or max_tokens) per source, and "target" for the target's own tokens
+    emitted_from: dict = field(default_factory=dict)
 
     @property
     def tau(self) -> float:
