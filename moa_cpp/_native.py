@@ -16,7 +16,7 @@ from cffi import FFI
 
 from .errors import MoaError, error_for
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 
 _PKG = Path(__file__).resolve().parent

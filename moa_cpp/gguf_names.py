@@ -1,6 +1,7 @@
 """The one Python table of MoA GGUF names (architecture, metadata keys, tensor names).
 
-The C++ twin is ``native/src/moa-arch.cpp``; ``tests/test_names.py`` keeps them in sync.
+The C++ twin is ``native/src/moa-gguf-names.h``; ``tests/test_native_api.py`` keeps them in sync.
+(Facts about *target* architectures are in :mod:`moa_cpp.arch`.)
 Format documentation: ``docs/gguf-format.md``.
 """
 from __future__ import annotations

@@ -35,7 +35,7 @@ def test_abi_version_matches():
 
 def test_tensor_name_tables_agree():
     lib, ffi = _native.lib, _native.ffi
-    native = {ffi.string(lib.moa_arch_tensor_name(i)).decode() for i in range(lib.moa_arch_n_tensors())}
+    native = {ffi.string(lib.moa_gguf_tensor_name(i)).decode() for i in range(lib.moa_gguf_n_tensors())}
     assert native == set(tensor_map())
     assert len(native) == 29
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from ..arch import by_snapshot_model_type
 from ..errors import FormatError, InvalidArgumentError, MismatchError
 from ..gguf_names import D2T, DRAFT_OUTPUT, FORMAT_VERSION, Keys
 from .layouts import Hparams, detect_layout, derive_hparams
@@ -57,7 +58,16 @@ def _embedding_scale(hp: Hparams, tg: TargetInfo | None) -> float:
     if tg is not None:
         log.info("embedding_scale = %g (layer-0 input scale of the %s target GGUF)", tg.embedding_scale, tg.arch)
         return tg.embedding_scale
-    return 1.0  # llama / qwen2 targets feed the raw embedding row
+    return 1.0  # the snapshot targets (llama / qwen2) feed the raw embedding row
+
+
+def _snapshot_target_arch(hp: Hparams) -> str | None:
+    """The target architecture a training snapshot's config names (its HF model_type, mapped by
+    moa_cpp.arch's table); None for a Format A checkpoint."""
+    if hp.config_arch is None:
+        return None
+    row = by_snapshot_model_type(hp.config_arch)
+    return row.name if row is not None else hp.config_arch
 
 
 def _draft_vocab(layout, hp: Hparams):
@@ -143,7 +153,7 @@ def convert(src: str | os.PathLike[str], out_path: str | os.PathLike[str], outty
     n_layers = _block_count(hp, tg, target_block_count)
     if n_layers and tli >= n_layers:
         raise InvalidArgumentError(f"tli {tli}: must be below the target layer count {n_layers}")
-    target_arch = tg.arch if tg else hp.config_arch
+    target_arch = tg.arch if tg else _snapshot_target_arch(hp)
     md = _metadata(hp, layout.source_format, n_layers, tli, target_arch, _embedding_scale(hp, tg))
     if eval_acceptance:
         if not all(0.0 <= float(a) <= 1.0 for a in eval_acceptance):

@@ -8,13 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..arch import TARGET_ARCHS
 from ..errors import FormatError
 from ..gguf_names import D2T, DRAFT_OUTPUT, MODULES, OPTIONAL_HF, tensor_map
 from .safetensors_io import TensorInfo, list_tensors
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_MODEL_TYPES = ("llama", "qwen2")
+# HF model_types of the training snapshots (Format B) the converter accepts: moa_cpp.arch's table.
+SNAPSHOT_MODEL_TYPES = tuple(a.snapshot_model_type for a in TARGET_ARCHS if a.snapshot_model_type)
 _STRIP_PREFIXES = ("model.",)          # tolerated leading prefix on HF names
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent buffer; harmless if present
 
@@ -62,7 +64,7 @@ def _read_config(folder: Path) -> dict[str, Any]:
     path = folder / "config.json"
     if not path.is_file():
         raise FormatError(f"unknown layout: {folder} has no config.json (need a moa_spec config or "
-                          "a llama/qwen2 training-snapshot config)")
+                          f"a {'/'.join(SNAPSHOT_MODEL_TYPES)} training-snapshot config)")
     try:
         return json.loads(path.read_text())
     except ValueError as e:
@@ -138,57 +140,60 @@ def _div(a: int, b: int, what: str, problems: list[str]) -> int:
     return a // b
 
 
-def derive_hparams(layout: Layout, fallback: dict[str, Any] | None = None) -> Hparams:
-    """Derive every size from tensor shapes (spec §15.2) and check all 29 shapes and the config.
+class _Derivation:
+    """The state the steps of :func:`derive_hparams` share: config, tensors, target fallback, the
+    problems found so far (all reported at once) and where each value came from."""
 
-    ``fallback`` (from the target GGUF) supplies head_count / rms_eps / rope_theta / vocab_size
-    only when the config lacks them. Raises FormatError listing every problem.
-    """
-    cfg, t, fb = layout.config, layout.tensors, fallback or {}
-    problems: list[str] = []
-    src: dict[str, str] = {}
+    def __init__(self, layout: Layout, fallback: dict[str, Any] | None) -> None:
+        self.cfg, self.t, self.fb = layout.config, layout.tensors, fallback or {}
+        self.problems: list[str] = []
+        self.src: dict[str, str] = {}
 
-    def shape(g: str) -> tuple[int, ...]:
-        return t[g].shape
+    def shape(self, g: str) -> tuple[int, ...]:
+        return self.t[g].shape
 
-    def from_config(key: str, fb_key: str, what: str) -> Any:
-        if cfg.get(key) is not None:
-            src[what] = f"config.json {key}"
-            return cfg[key]
-        if fb.get(fb_key) is not None:
-            src[what] = "target GGUF"
-            return fb[fb_key]
-        problems.append(f"{what}: not in config.json ({key}) and no target GGUF to take it from")
+    def from_config(self, key: str, fb_key: str, what: str) -> Any:
+        if self.cfg.get(key) is not None:
+            self.src[what] = f"config.json {key}"
+            return self.cfg[key]
+        if self.fb.get(fb_key) is not None:
+            self.src[what] = "target GGUF"
+            return self.fb[fb_key]
+        self.problems.append(f"{what}: not in config.json ({key}) and no target GGUF to take it from")
         return None
 
-    def positive_int(key: str) -> int | None:
+    def positive_int(self, key: str) -> int | None:
         """An optional positive-integer config key (None when absent or invalid)."""
-        v = cfg.get(key)
+        v = self.cfg.get(key)
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            problems.append(f"config.json {key} = {v!r}: must be a positive integer")
+            self.problems.append(f"config.json {key} = {v!r}: must be a positive integer")
             return None
         return v
 
+    def raise_problems(self) -> None:
+        if self.problems:
+            raise FormatError("invalid MoA checkpoint:\n  - " + "\n  - ".join(self.problems))
+
+
+def _check_ranks(dv: _Derivation) -> None:
+    """RoPE scaling and tensor ranks, fatal at once: the arithmetic after this indexes shapes."""
+    cfg = dv.cfg
     if cfg.get("rope_scaling") is not None:
-        problems.append(f"config.json rope_scaling {cfg['rope_scaling']!r}: RoPE scaling is not supported yet")
-
-    for g in t:  # rank check first: the arithmetic below indexes shapes
+        dv.problems.append(f"config.json rope_scaling {cfg['rope_scaling']!r}: RoPE scaling is not supported yet")
+    for g in dv.t:
         want = 1 if g.endswith(("_norm.weight", ".bias")) or g == D2T else 2
-        if len(shape(g)) != want:
-            problems.append(f"{t[g].name}: rank {len(shape(g))}, expected {want}")
-    if problems:
-        raise FormatError("invalid MoA checkpoint:\n  - " + "\n  - ".join(problems))
+        if len(dv.shape(g)) != want:
+            dv.problems.append(f"{dv.t[g].name}: rank {len(dv.shape(g))}, expected {want}")
+    dv.raise_problems()
 
-    H = int(from_config("num_attention_heads", "head_count", "head_count") or 0)
-    eps = from_config("rms_norm_eps", "rms_eps", "rms_eps")
-    theta = from_config("rope_theta", "rope_theta", "rope_theta")
-    vocab = from_config("vocab_size", "vocab_size", "vocab_size")
-    d = shape("sa.attn_q.weight")[1]
-    src["d"] = "sa.attn_q.weight in-features"
-    q_out = shape("sa.attn_q.weight")[0]
-    cfg_hd = positive_int("head_dim")
+
+def _sa_head_dim(dv: _Derivation, H: int) -> int:
+    """SA/CA head dim D: config ``head_dim`` when given (checked against q_proj), else q_out / H."""
+    cfg, src, problems = dv.cfg, dv.src, dv.problems
+    q_out = dv.shape("sa.attn_q.weight")[0]
+    cfg_hd = dv.positive_int("head_dim")
     if cfg_hd is not None:
         # Targets whose head dim is not d/H (Gemma-3: 256 vs 640/4, spec §15.3) size SA/CA by it.
         D = cfg_hd
@@ -202,64 +207,78 @@ def derive_hparams(layout: Layout, fallback: dict[str, Any] | None = None) -> Hp
     else:
         D = _div(q_out, H, "key_length = sa.q_proj.out / head_count", problems) if H else 0
         src["key_length"] = "sa.q_proj.out / head_count"
-    if H and D and H * D != d:
-        log.info("SA/CA head dim %d != d / H = %d / %d (non-reference target, spec §15.3)", D, d, H)
-    W = shape("lsa.attn_q.weight")[0]
-    src["lsa_width"] = "lsa.q_proj.out"
-    src["config_block_count"] = "snapshot config num_hidden_layers (target L)"
-    src["config_arch"] = "snapshot config model_type"
+    return D
+
+
+def _lsa_heads(dv: _Derivation, H: int, W: int) -> tuple[int, int]:
+    """LSA query heads and head dim (H_l, D_l)."""
+    src = dv.src
     # The reference LSA uses the target's H query heads; other targets may need another count
     # because W / H must be an even integer (SmolLM2-135M: W = 384, H = 9; spec §15.3).
     H_l = H
     src["lsa_head_count"] = "= head_count (reference: LSA uses the target's query heads)"
-    if cfg.get("layer_self_attention_num_attention_heads") is not None:
-        H_l = positive_int("layer_self_attention_num_attention_heads") or 0
+    if dv.cfg.get("layer_self_attention_num_attention_heads") is not None:
+        H_l = dv.positive_int("layer_self_attention_num_attention_heads") or 0
         src["lsa_head_count"] = "config.json layer_self_attention_num_attention_heads"
     src["lsa_key_length"] = "lsa_width / lsa_head_count"
-    D_l = _div(W, H_l, "lsa key_length = W / lsa_head_count", problems) if H_l else 0
-    scale = cfg.get("embedding_scale")
+    D_l = _div(W, H_l, "lsa key_length = W / lsa_head_count", dv.problems) if H_l else 0
+    return H_l, D_l
+
+
+def _config_embedding_scale(dv: _Derivation) -> Any:
+    """config ``embedding_scale`` (SA input scale) if present and valid, else None."""
+    scale = dv.cfg.get("embedding_scale")
     if scale is not None:
-        src["embedding_scale"] = "config.json embedding_scale"
+        dv.src["embedding_scale"] = "config.json embedding_scale"
         if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and 0 < float(scale) < float("inf")):
-            problems.append(f"config.json embedding_scale = {scale!r}: must be a positive finite number")
+            dv.problems.append(f"config.json embedding_scale = {scale!r}: must be a positive finite number")
             scale = None
-    if D_l % 2:
-        problems.append(f"lsa key_length {D_l} is odd (RoPE needs an even head dim)")
-    if D and W % (2 * D):
-        problems.append(f"lsa width {W} is not 2 * target_kv_heads * key_length {D}")
+    return scale
+
+
+def _kv_heads_and_ffn(dv: _Derivation, D: int, D_l: int) -> tuple[int, int, int, dict[str, int]]:
+    """KV heads of SA / CA / LSA (k_proj.out / head dim) and each module's FFN width."""
+    problems, shape = dv.problems, dv.shape
     sa_kv = _div(shape("sa.attn_k.weight")[0], D, "sa kv heads = sa.k_proj.out / key_length", problems) if D else 0
     ca_kv = _div(shape("ca.attn_k.weight")[0], D, "ca kv heads = ca.k_proj.out / key_length", problems) if D else 0
     lsa_kv = _div(shape("lsa.attn_k.weight")[0], D_l, "lsa kv heads = lsa.k_proj.out / lsa key_length",
                   problems) if D_l else 0
     ffn = {m: shape(f"{m}.ffn_up.weight")[0] for m in MODULES}
     for what in ("sa_kv", "ca_kv", "lsa_kv"):
-        src[what] = f"{what[:-3]}.k_proj.out / head dim"
+        dv.src[what] = f"{what[:-3]}.k_proj.out / head dim"
     for m in MODULES:
-        src[f"{m}_ffn"] = f"{m}.up_proj.out"
+        dv.src[f"{m}_ffn"] = f"{m}.up_proj.out"
+    return sa_kv, ca_kv, lsa_kv, ffn
 
-    if H and D and D_l:
-        for m, width, heads, hd, kv in (("sa", d, H, D, sa_kv), ("ca", d, H, D, ca_kv),
-                                        ("lsa", W, H_l, D_l, lsa_kv)):
-            f = ffn[m]
-            expect = {
-                "attn_norm.weight": (width,), "ffn_norm.weight": (width,),
-                "attn_q.weight": (heads * hd, width), "attn_k.weight": (kv * hd, width),
-                "attn_v.weight": (kv * hd, width), "attn_output.weight": (width, heads * hd),
-                "ffn_gate.weight": (f, width), "ffn_up.weight": (f, width), "ffn_down.weight": (width, f),
-            }
-            for suffix, want in expect.items():
-                g = f"{m}.{suffix}"
-                if shape(g) != want:
-                    problems.append(f"{t[g].name}: shape {list(shape(g))}, expected {list(want)}")
-            if kv and heads % kv:
-                problems.append(f"{m}: {heads} query heads not a multiple of {kv} kv heads")
-        for g, want in (("ekv2e.weight", (d, W)), ("ekv2e.bias", (d,))):
-            if shape(g) != want:
-                problems.append(f"{t[g].name}: shape {list(shape(g))}, expected {list(want)}")
 
-    # Config values are cross-checks only: shapes decide.
-    checks: dict[str, int] = {"hidden_size": d, "head_dim": D}
-    if layout.source_format == "moa_spec":
+def _check_module_shapes(dv: _Derivation, d: int, W: int, heads: dict[str, tuple[int, int, int]],
+                         ffn: dict[str, int]) -> None:
+    """Every SA / CA / LSA / Ekv2E shape against the derived sizes; heads: module -> (H, D, kv)."""
+    widths = {"sa": d, "ca": d, "lsa": W}
+    for m, (n_head, hd, kv) in heads.items():
+        width, f = widths[m], ffn[m]
+        expect = {
+            "attn_norm.weight": (width,), "ffn_norm.weight": (width,),
+            "attn_q.weight": (n_head * hd, width), "attn_k.weight": (kv * hd, width),
+            "attn_v.weight": (kv * hd, width), "attn_output.weight": (width, n_head * hd),
+            "ffn_gate.weight": (f, width), "ffn_up.weight": (f, width), "ffn_down.weight": (width, f),
+        }
+        for suffix, want in expect.items():
+            g = f"{m}.{suffix}"
+            if dv.shape(g) != want:
+                dv.problems.append(f"{dv.t[g].name}: shape {list(dv.shape(g))}, expected {list(want)}")
+        if kv and n_head % kv:
+            dv.problems.append(f"{m}: {n_head} query heads not a multiple of {kv} kv heads")
+    for g, want in (("ekv2e.weight", (d, W)), ("ekv2e.bias", (d,))):
+        if dv.shape(g) != want:
+            dv.problems.append(f"{dv.t[g].name}: shape {list(dv.shape(g))}, expected {list(want)}")
+
+
+def _check_config_values(dv: _Derivation, source_format: str, checks: dict[str, int], W: int, D: int,
+                         kv_ffn: tuple[int, int, int, dict[str, int]]) -> None:
+    """Config values are cross-checks only: shapes decide."""
+    sa_kv, ca_kv, lsa_kv, ffn = kv_ffn
+    if source_format == "moa_spec":
         checks.update({"self_attention_num_key_value_heads": sa_kv, "self_attention_intermediate_size": ffn["sa"],
                        "cross_attention_num_key_value_heads": ca_kv, "cross_attention_intermediate_size": ffn["ca"],
                        "kv_hidden_size": W, "layer_self_attention_num_key_value_heads": lsa_kv,
@@ -267,10 +286,45 @@ def derive_hparams(layout: Layout, fallback: dict[str, Any] | None = None) -> Hp
     elif D:
         checks["num_key_value_heads"] = W // (2 * D)  # snapshot config is the target's
     for key, val in checks.items():
-        if cfg.get(key) is not None and val and int(cfg[key]) != val:
-            problems.append(f"config.json {key} = {cfg[key]} but the tensor shapes give {val}")
-    if problems:
-        raise FormatError("invalid MoA checkpoint:\n  - " + "\n  - ".join(problems))
+        if dv.cfg.get(key) is not None and val and int(dv.cfg[key]) != val:
+            dv.problems.append(f"config.json {key} = {dv.cfg[key]} but the tensor shapes give {val}")
+
+
+def derive_hparams(layout: Layout, fallback: dict[str, Any] | None = None) -> Hparams:
+    """Derive every size from tensor shapes (spec §15.2) and check all 29 shapes and the config.
+
+    ``fallback`` (from the target GGUF) supplies head_count / rms_eps / rope_theta / vocab_size
+    only when the config lacks them. Raises FormatError listing every problem.
+    """
+    dv = _Derivation(layout, fallback)
+    cfg, src, problems = dv.cfg, dv.src, dv.problems
+    _check_ranks(dv)
+
+    H = int(dv.from_config("num_attention_heads", "head_count", "head_count") or 0)
+    eps = dv.from_config("rms_norm_eps", "rms_eps", "rms_eps")
+    theta = dv.from_config("rope_theta", "rope_theta", "rope_theta")
+    vocab = dv.from_config("vocab_size", "vocab_size", "vocab_size")
+    d = dv.shape("sa.attn_q.weight")[1]
+    src["d"] = "sa.attn_q.weight in-features"
+    D = _sa_head_dim(dv, H)
+    if H and D and H * D != d:
+        log.info("SA/CA head dim %d != d / H = %d / %d (non-reference target, spec §15.3)", D, d, H)
+    W = dv.shape("lsa.attn_q.weight")[0]
+    src["lsa_width"] = "lsa.q_proj.out"
+    src["config_block_count"] = "snapshot config num_hidden_layers (target L)"
+    src["config_arch"] = "snapshot config model_type"
+    H_l, D_l = _lsa_heads(dv, H, W)
+    scale = _config_embedding_scale(dv)
+    if D_l % 2:
+        problems.append(f"lsa key_length {D_l} is odd (RoPE needs an even head dim)")
+    if D and W % (2 * D):
+        problems.append(f"lsa width {W} is not 2 * target_kv_heads * key_length {D}")
+    kv_ffn = _kv_heads_and_ffn(dv, D, D_l)
+    sa_kv, ca_kv, lsa_kv, ffn = kv_ffn
+    if H and D and D_l:
+        _check_module_shapes(dv, d, W, {"sa": (H, D, sa_kv), "ca": (H, D, ca_kv), "lsa": (H_l, D_l, lsa_kv)}, ffn)
+    _check_config_values(dv, layout.source_format, {"hidden_size": d, "head_dim": D}, W, D, kv_ffn)
+    dv.raise_problems()
 
     snap = layout.source_format == "snapshot"
     hp = Hparams(d=d, head_count=H, key_length=D, sa_kv=sa_kv, sa_ffn=ffn["sa"], ca_kv=ca_kv,

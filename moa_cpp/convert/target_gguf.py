@@ -10,14 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from ..arch import embedding_scale
+from ..arch import embedding_scale, lookup, names_where
 from ..errors import FormatError, MismatchError, MoaIOError
 from .layouts import Hparams
 
 log = logging.getLogger(__name__)
 
-# llama.cpp architectures whose K rows are permuted by convert_hf_to_gguf (NORM RoPE, spec §18).
-NORM_ROPE_ARCHS = ("llama", "mistral", "granite", "deci")
+# llama.cpp architectures whose K rows are permuted by convert_hf_to_gguf (NORM RoPE, spec §18):
+# the rows of moa_cpp.arch's table with qk_permuted.
+NORM_ROPE_ARCHS = names_where("qk_permuted")
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ class TargetInfo:
     @property
     def embedding_scale(self) -> float:
         """Factor the target applies to token_embd rows before layer 0: sqrt(n_embd) for Gemma
-        architectures (llama.cpp src/models/gemma*.cpp), else 1. Same rule as the native loader's
-        default for a drafter without ``moa.embedding_scale``."""
+        architectures (llama.cpp src/models/gemma*.cpp), else 1 (moa_cpp.arch's table; its native
+        twin gives the loader's default for a drafter without ``moa.embedding_scale``)."""
         return embedding_scale(self.arch, self.n_embd)
 
     def as_fallback(self) -> dict[str, Any]:
@@ -146,5 +147,6 @@ def check_target(hp: Hparams, tg: TargetInfo) -> None:
                    f"target {tg.block_count}")
     if bad:
         raise MismatchError(f"drafter does not match target {tg.path}:\n  - " + "\n  - ".join(bad))
-    rope = "NORM (K rows permuted; runtime un-permutes, spec §18)" if tg.arch in NORM_ROPE_ARCHS else "not NORM-permuted"
+    rope = ("NORM (K rows permuted; runtime un-permutes, spec §18)" if lookup(tg.arch).qk_permuted
+            else "not NORM-permuted")
     log.info("target GGUF matches the drafter; target arch %s: %s", tg.arch, rope)

@@ -5,9 +5,10 @@ The weights are read with gguf-py and dequantized with ``gguf.quants.dequantize`
 (moa-architecture.md §18) are un-permuted back to HF order, so the forward below is the plain HF
 Llama forward (rotate-half RoPE) and its K is in HF layout, exactly what the drafter's LSA reads.
 
-Scope: ``general.architecture`` ``"llama"`` (SmolLM2, Llama-2/3 without rope scaling, no
-``rope_freqs``) and ``"qwen2"`` (Qwen2 / Qwen2.5: Q/K/V biases; llama.cpp runs it with NEOX rope, so
-its converter left the rows in HF order and nothing is un-permuted). Other architectures raise
+Scope: the architectures ``moa_cpp.arch``'s table marks ``torch_target``: ``"llama"`` (SmolLM2,
+Llama-2/3 without rope scaling, no ``rope_freqs``) and ``"qwen2"`` (Qwen2 / Qwen2.5: Q/K/V biases;
+llama.cpp runs it with NEOX rope, so its converter left the rows in HF order and nothing is
+un-permuted; the table's ``qk_permuted`` says which). Other architectures raise
 :class:`NotImplementedError`; for them use the llama.cpp capture path
 (:meth:`moa_cpp.target.Target.captured_lsa_in`).
 
@@ -32,8 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..arch import unpermute_rows
-from ..convert.target_gguf import NORM_ROPE_ARCHS
+from ..arch import lookup, names_where, unpermute_rows
 
 __all__ = ["TargetFeatures", "TorchTarget", "rope_cos_sin", "apply_rope", "unpermute_rows"]
 
@@ -113,12 +113,13 @@ class TorchTarget(torch.nn.Module):
             return default if f is None else f.contents()
 
         arch = field("general.architecture")
-        if arch not in ("llama", "qwen2"):
-            raise NotImplementedError(f"TorchTarget supports llama / qwen2 GGUFs only, not {arch!r}; "
-                                      "use the llama.cpp capture path for this target")
+        row = lookup(str(arch))
+        if not row.torch_target:
+            raise NotImplementedError(f"TorchTarget supports {' / '.join(names_where('torch_target'))} GGUFs only, "
+                                      f"not {arch!r}; use the llama.cpp capture path for this target")
         if field(f"{arch}.rope.scaling.type") not in (None, "none"):
             raise NotImplementedError("TorchTarget: rope scaling is not implemented")
-        permuted = arch in NORM_ROPE_ARCHS      # llama.cpp's converter permuted Q/K rows (NORM rope)
+        permuted = row.qk_permuted              # llama.cpp's converter permuted Q/K rows (NORM rope)
         n_layer = int(field(f"{arch}.block_count"))
         n_head = int(field(f"{arch}.attention.head_count"))
         n_kv = int(field(f"{arch}.attention.head_count_kv", n_head))

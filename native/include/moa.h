@@ -43,7 +43,8 @@ extern "C" {
 #  endif
 #endif
 
-#define MOA_ABI_VERSION 4  /* 2: moa_state_feed, moa_state_draft_rows; 3: compute_ca, append_ca; 4: moa_model_role */
+#define MOA_ABI_VERSION 5  /* 2: moa_state_feed, moa_state_draft_rows; 3: compute_ca, append_ca; 4: moa_model_role;
+                              5: moa_gguf_* (were moa_arch_*), moa_target_arch_* */
 
 enum moa_status {
     MOA_OK                    =  0,
@@ -62,6 +63,14 @@ enum moa_role {
     MOA_ROLE_FULL   = 0,  /* every drafter tensor (moa.role absent or "full")                   */
     MOA_ROLE_CLIENT = 1   /* client bundle (moa.role "client"): no lsa.*, ekv2e.*, ca.attn_k/v;
                              CA K/V come from a server through moa_state_append_ca             */
+};
+
+/* What the library does differently for a target architecture (moa_target_arch_flags). */
+enum moa_target_arch_flag {
+    MOA_TARGET_ARCH_QK_PERMUTED     = 1,  /* NORM RoPE: llama.cpp's converter permuted Q/K rows per head */
+    MOA_TARGET_ARCH_EMBD_SCALE_SQRT = 2,  /* layer-0 input = sqrt(n_embd) * token_embd row (Gemma)      */
+    MOA_TARGET_ARCH_TLI             = 4,  /* TLI N > 0 can run its decoder layers                        */
+    MOA_TARGET_ARCH_CAPTURE         = 8   /* the K/V capture is verified on its llama.cpp graph          */
 };
 
 typedef int32_t moa_token;
@@ -83,8 +92,15 @@ MOA_API int32_t      moa_last_status(void);
 /* Route library logs (and ggml's) to cb; NULL restores stderr. level: ggml_log_level values. */
 MOA_API void         moa_log_set(void (*cb)(int32_t level, const char * text, void * user_data), void * user_data);
 /* The required drafter tensor names (GGUF), for checking the Python name table. */
-MOA_API int32_t      moa_arch_n_tensors(void);
-MOA_API const char * moa_arch_tensor_name(int32_t i);
+MOA_API int32_t      moa_gguf_n_tensors(void);
+MOA_API const char * moa_gguf_tensor_name(int32_t i);
+/* The target architectures (general.architecture of a target GGUF) the library treats
+ * specially, for checking the Python table (moa_cpp/arch.py). Any other architecture gets the
+ * defaults: embedding scale 1, no TLI, Q/K rows not permuted. name: "" out of range; flags:
+ * enum moa_target_arch_flag bits, -1 out of range. */
+MOA_API int32_t      moa_target_arch_count(void);
+MOA_API const char * moa_target_arch_name(int32_t i);
+MOA_API int32_t      moa_target_arch_flags(int32_t i);
 /* Number of ggml backend devices and their names ("CPU", "CUDA0", ...). */
 MOA_API int32_t      moa_device_count(void);
 MOA_API const char * moa_device_name(int32_t i);

@@ -9,10 +9,11 @@
 // backend synchronised, and the node handed back with ask = false. Returning false on ask =
 // false aborts the rest of the graph, so this callback never does that.
 //
-// What is taken, per layer il (names are "<name>-<il>", llama-context.cpp graph_get_cb):
+// What is taken, per layer il (names are "<name>-<il>", llama-context.cpp graph_get_cb; the
+// names come from the target-architecture table, moa-target-arch.h: "Kcur" / "Vcur" for every
+// architecture it knows; the capture takes a node of any row's names):
 //   K: the node "Kcur-<il>" whose op is GGML_OP_ROPE (the MUL_MAT and RESHAPE share the name).
-//      Holds for llama and gemma3 (gemma3 names its K-norm output "Kcur_normed", then ROPE
-//      "Kcur"). F32 [head_dim, n_head_kv, n_tokens], not rounded to the cache type.
+//      F32 [head_dim, n_head_kv, n_tokens], not rounded to the cache type.
 //   V: every "Vcur-<il>" node (MUL_MAT, optional bias ADD, RESHAPE or a VIEW of a fused QKV);
 //      the last one of the layer wins, since it is the one that feeds the cache.
 //
@@ -26,6 +27,7 @@
 // At commit every layer must have K and V with the same token count and the same shape as the
 // others, else the capture is marked inconsistent (first reason kept) until the next reset.
 #include "moa-impl.h"
+#include "moa-target-arch.h"
 
 #include "ggml-backend.h"
 #include "ggml.h"
@@ -48,12 +50,12 @@ struct pending_tensor {
     std::vector<float> data;
 };
 
-// "Kcur-12" -> 12 when prefix is "Kcur-"; -1 otherwise.
-int32_t parse_layer(const char * name, const char * prefix, size_t prefix_len) {
-    if (strncmp(name, prefix, prefix_len) != 0) {
+// "Kcur-12" -> 12 when node is "Kcur"; -1 otherwise.
+int32_t parse_layer(const char * name, const std::string & node) {
+    if (strncmp(name, node.c_str(), node.size()) != 0 || name[node.size()] != '-') {
         return -1;
     }
-    const char * digits = name + prefix_len;
+    const char * digits = name + node.size() + 1;
     if (*digits < '0' || *digits > '9') {
         return -1;
     }
@@ -123,15 +125,19 @@ struct moa_capture {
     }
 
     kv_kind classify(const ggml_tensor * t, int32_t * il) const {
-        int32_t l = parse_layer(t->name, "Kcur-", 5);
-        if (l >= 0) {
-            *il = l;
-            return t->op == GGML_OP_ROPE && l < n_layer ? kv_kind::k : kv_kind::none;
+        for (const std::string & node : moa_target_arch::k_nodes()) {
+            const int32_t l = parse_layer(t->name, node);
+            if (l >= 0) {
+                *il = l;
+                return t->op == GGML_OP_ROPE && l < n_layer ? kv_kind::k : kv_kind::none;
+            }
         }
-        l = parse_layer(t->name, "Vcur-", 5);
-        if (l >= 0 && l < n_layer) {
-            *il = l;
-            return kv_kind::v;
+        for (const std::string & node : moa_target_arch::v_nodes()) {
+            const int32_t l = parse_layer(t->name, node);
+            if (l >= 0 && l < n_layer) {
+                *il = l;
+                return kv_kind::v;
+            }
         }
         return kv_kind::none;
     }
@@ -221,8 +227,8 @@ struct moa_capture {
             if (missing) {
                 fail(MOA_ERR_MISMATCH, "capture: layer " + std::to_string(il) + " of " + std::to_string(n_layer) +
                                            ": no " + missing + " node seen in this graph; the target architecture "
-                                           "does not name its K/V as llama.cpp's llama/gemma3 graphs do, or n_layer "
-                                           "is wrong");
+                                           "does not name its K/V as llama.cpp's " + moa_target_arch::capture_names() +
+                                           " graphs do, or n_layer is wrong");
                 return false;
             }
         }

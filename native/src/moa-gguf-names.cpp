@@ -1,8 +1,8 @@
-#include "moa-arch.h"
+#include "moa-gguf-names.h"
 
 #include <cstdint>
 
-namespace moa_arch {
+namespace moa_gguf_names {
 
 std::vector<std::string> required_tensors() {
     std::vector<std::string> out;
@@ -16,4 +16,4 @@ std::vector<std::string> required_tensors() {
     return out;
 }
 
-}  // namespace moa_arch
+}  // namespace moa_gguf_names

@@ -1,12 +1,14 @@
-// The C++ table of MoA GGUF names (twin of moa_cpp/gguf_names.py; tests/test_native_api.py
-// checks that both agree through moa_arch_n_tensors() / moa_arch_tensor_name()).
+// The C++ table of MoA GGUF names: the drafter file's architecture string, metadata keys and
+// tensor names (twin of moa_cpp/gguf_names.py; tests/test_native_api.py checks that both agree
+// through moa_gguf_n_tensors() / moa_gguf_tensor_name()). Facts about *target* architectures
+// (llama, gemma3, ...) are in moa-target-arch.h.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace moa_arch {
+namespace moa_gguf_names {
 
 constexpr const char * ARCH = "moa";
 constexpr uint32_t FORMAT_VERSION = 1;
@@ -57,4 +59,4 @@ constexpr const char * TARGET_PREFIX = "target.";
 // The 29 required drafter tensor names.
 std::vector<std::string> required_tensors();
 
-}  // namespace moa_arch
+}  // namespace moa_gguf_names

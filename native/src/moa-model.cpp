@@ -4,10 +4,13 @@
 // drafter/target agreement) happens here, before any ggml call that could assert.
 // moa_model_load_impl runs four steps, each a section below: read the drafter's
 // hyper-parameters, validate them and the drafter's tensors, match them against the target
-// (GGUF or bundled tensors; TLI layers), load the tensors.
+// (GGUF or bundled tensors; TLI layers), load the tensors. The sections before them are the
+// helpers they share (GGUF access, device choice, tensor storage); the functions moa-model.h
+// declares close the file. Per-target-architecture facts come from moa-target-arch.h.
 #include "moa-model.h"
 
-#include "moa-arch.h"
+#include "moa-gguf-names.h"
+#include "moa-target-arch.h"
 
 #include "gguf.h"
 
@@ -25,6 +28,11 @@
 #include <thread>
 
 namespace {
+
+namespace K = moa_gguf_names::key;
+using tensor_list = std::vector<std::pair<std::string, ggml_tensor **>>;
+
+// ---------------------------------------------------------------- GGUF access
 
 struct gguf_file {
     std::string path;
@@ -173,12 +181,23 @@ void expect_shape(const gguf_file & f, const std::string & name, int64_t ne0, in
     }
 }
 
-static std::string lower(std::string s) {
+// Throw `code` with every collected problem in one message: whoever fixes a file sees all of
+// them at once instead of one per attempt.
+void report_problems(int32_t code, const std::string & header, const std::vector<std::string> & problems) {
+    if (problems.empty()) return;
+    std::string msg = header;
+    for (auto & p : problems) msg += "\n  - " + p;
+    moa_throw(code, "%s", msg.c_str());
+}
+
+// ---------------------------------------------------------------- device
+
+std::string lower(std::string s) {
     for (char & c : s) c = (char) std::tolower((unsigned char) c);
     return s;
 }
 
-static std::string device_names() {
+std::string device_names() {
     std::string names;
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         names += std::string(i ? ", " : "") + ggml_backend_dev_name(ggml_backend_dev_get(i));
@@ -212,6 +231,8 @@ ggml_backend_dev_t pick_device(const char * want) {
               device_names().c_str());
 }
 
+// ---------------------------------------------------------------- tensor storage
+
 struct mapped_file {
     void * addr = nullptr;
     size_t size = 0;
@@ -235,48 +256,21 @@ void read_at(const std::string & path, size_t off, void * dst, size_t n) {
     }
 }
 
-}  // namespace
-
-// A local GPU: GPU-type devices of llama.cpp's RPC backend live on other machines (they hold a
-// target's offloaded layers with --rpc); the drafter stays on this one.
-bool is_local_gpu(ggml_backend_dev_t d) {
-    auto lower = [](std::string s) { for (char & c : s) c = (char) std::tolower((unsigned char) c); return s; };
-    if (ggml_backend_dev_type(d) != GGML_BACKEND_DEVICE_TYPE_GPU) return false;
-    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(d);
-    return !(reg && lower(ggml_backend_reg_name(reg)) == "rpc");
-}
-
-
-void moa_backend_set_threads(ggml_backend_t backend, int32_t n_threads) {
-    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
-    if (!dev || ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) return;
-    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
-    auto fn = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
-    if (fn) fn(backend, n_threads);
-}
-
-moa_model::~moa_model() {
-    for (auto b : bufs) ggml_backend_buffer_free(b);
-    for (auto c : ctxs) ggml_free(c);
-    for (auto & m : mmaps) munmap(m.first, m.second);
-}
-
-// (name, slot) pairs of one decoder layer's tensors under ``prefix``, in moa_arch::LAYER_SUFFIXES
-// order: shared by the drafter's SA/CA/LSA and the target layers reused at TLI N > 0.
-static void add_layer_tensors(std::vector<std::pair<std::string, ggml_tensor **>> & out, const std::string & prefix,
-                              moa_layer & L) {
+// (name, slot) pairs of one decoder layer's tensors under ``prefix``, in
+// moa_gguf_names::LAYER_SUFFIXES order: shared by the drafter's SA/CA/LSA and the target layers reused at TLI N > 0.
+void add_layer_tensors(tensor_list & out, const std::string & prefix, moa_layer & L) {
     ggml_tensor ** slots[] = {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.ffn_gate, &L.ffn_up, &L.ffn_down};
-    static_assert(sizeof(slots) / sizeof(slots[0]) == sizeof(moa_arch::LAYER_SUFFIXES) / sizeof(moa_arch::LAYER_SUFFIXES[0]),
+    static_assert(sizeof(slots) / sizeof(slots[0]) == sizeof(moa_gguf_names::LAYER_SUFFIXES) / sizeof(moa_gguf_names::LAYER_SUFFIXES[0]),
                   "one slot per layer tensor suffix");
     for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); ++i) {
-        out.push_back({prefix + moa_arch::LAYER_SUFFIXES[i], slots[i]});
+        out.push_back({prefix + moa_gguf_names::LAYER_SUFFIXES[i], slots[i]});
     }
 }
 
 // Rows of a llama-arch attn_q / attn_k weight are permuted per head by llama.cpp's converter
 // (GGUF row 2i+j holds HF row j*D/2+i, ref §18.1); undo it so the reused layers can run NEOX
 // RoPE on HF-ordered q/k, consistent with the HF-layout K the capture delivers.
-static void unpermute_rows(std::vector<uint8_t> & data, const ggml_tensor * t, int64_t head_dim) {
+void unpermute_rows(std::vector<uint8_t> & data, const ggml_tensor * t, int64_t head_dim) {
     const size_t row = ggml_row_size(t->type, t->ne[0]);
     const int64_t n_rows = t->ne[1];
     std::vector<uint8_t> out(data.size());
@@ -294,7 +288,7 @@ static void unpermute_rows(std::vector<uint8_t> & data, const ggml_tensor * t, i
 using made_tensors = std::vector<std::pair<ggml_tensor *, std::string>>;  // (tensor, name in the file)
 
 // Place tensors as views into a read-only mapping of the file.
-static void map_tensors(moa_model & m, const gguf_file & f, const made_tensors & made) {
+void map_tensors(moa_model & m, const gguf_file & f, const made_tensors & made) {
     mapped_file mf = map_file(f.path, f.file_size);
     m.mmaps.emplace_back(mf.addr, mf.size);
     size_t lo = SIZE_MAX, hi = 0, max_t = 0;
@@ -316,7 +310,7 @@ static void map_tensors(moa_model & m, const gguf_file & f, const made_tensors &
 }
 
 // Allocate ctx's tensors in a buffer of the model's device and copy their data from the file.
-static void copy_tensors(moa_model & m, const gguf_file & f, ggml_context * ctx, const made_tensors & made,
+void copy_tensors(moa_model & m, const gguf_file & f, ggml_context * ctx, const made_tensors & made,
                          const std::string & name_prefix, int64_t unpermute_head_dim) {
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_dev_buffer_type(m.dev));
     if (!buf) moa_throw(MOA_ERR_OUT_OF_MEMORY, "cannot allocate %s weights on device %s", name_prefix.c_str(), m.device_name.c_str());
@@ -336,7 +330,7 @@ static void copy_tensors(moa_model & m, const gguf_file & f, ggml_context * ctx,
 // Load tensors (by name) from a GGUF file into the model: on a CPU device with use_mmap as views
 // into a read-only mapping (no second copy of e.g. a 262K-row embedding), else copied.
 // unpermute_head_dim > 0: rewrite attn_q / attn_k rows to HF order (see unpermute_rows).
-static void load_tensors(moa_model & m, const gguf_file & f, const std::vector<std::pair<std::string, ggml_tensor **>> & list,
+void load_tensors(moa_model & m, const gguf_file & f, const tensor_list & list,
                          const std::string & name_prefix, bool use_mmap, int64_t unpermute_head_dim = 0) {
     if (list.empty()) return;
     ggml_init_params ip = {ggml_tensor_overhead() * (list.size() + 1), nullptr, true};
@@ -359,34 +353,20 @@ static void load_tensors(moa_model & m, const gguf_file & f, const std::vector<s
     }
 }
 
-namespace {
-
-namespace K = moa_arch::key;
-using tensor_list = std::vector<std::pair<std::string, ggml_tensor **>>;
-
-// Throw `code` with every collected problem in one message: whoever fixes a file sees all of
-// them at once instead of one per attempt.
-void report_problems(int32_t code, const std::string & header, const std::vector<std::string> & problems) {
-    if (problems.empty()) return;
-    std::string msg = header;
-    for (auto & p : problems) msg += "\n  - " + p;
-    moa_throw(code, "%s", msg.c_str());
-}
-
 // ---------------------------------------------------------------- read
 
 // Identity first, and fatal at once: on a foreign file every later check would only add a
 // list of meaningless missing keys.
 void check_drafter_identity(const gguf_file & df) {
     const std::string arch = df.str("general.architecture", "");
-    if (arch != moa_arch::ARCH) {
+    if (arch != moa_gguf_names::ARCH) {
         moa_throw(MOA_ERR_FORMAT, "'%s' has general.architecture '%s', expected an MoA drafter ('%s'); "
-                  "convert a checkpoint with `moa-cpp convert`", df.path.c_str(), arch.c_str(), moa_arch::ARCH);
+                  "convert a checkpoint with `moa-cpp convert`", df.path.c_str(), arch.c_str(), moa_gguf_names::ARCH);
     }
     const int64_t fmt = df.integer(K::FORMAT_VERSION, 1);
-    if (fmt != (int64_t) moa_arch::FORMAT_VERSION) {
+    if (fmt != (int64_t) moa_gguf_names::FORMAT_VERSION) {
         moa_throw(MOA_ERR_FORMAT, "'%s': drafter format version %lld is not supported (expected %u)", df.path.c_str(),
-                  (long long) fmt, moa_arch::FORMAT_VERSION);
+                  (long long) fmt, moa_gguf_names::FORMAT_VERSION);
     }
 }
 
@@ -489,22 +469,22 @@ void check_drafter_shapes(const gguf_file & df, const moa_hparams & hp, std::vec
         expect_shape(df, p + "ffn_down.weight", md.ff, md.width, false, problems);
     }
     if (client) return;
-    expect_shape(df, moa_arch::EKV2E_WEIGHT, W, d, false, problems);
-    expect_shape(df, moa_arch::EKV2E_BIAS, d, 1, true, problems);
+    expect_shape(df, moa_gguf_names::EKV2E_WEIGHT, W, d, false, problems);
+    expect_shape(df, moa_gguf_names::EKV2E_BIAS, d, 1, true, problems);
 }
 
 // Optional reduced draft vocabulary: its own head + the draft->target id map, both or neither.
 // (The map's values are checked once read, in load_drafter_weights.)
 void check_reduced_vocab(const gguf_file & df, const moa_hparams & hp, std::vector<std::string> & problems) {
-    const ggml_tensor * head = df.tensor(moa_arch::DRAFT_OUTPUT);
-    const ggml_tensor * map = df.tensor(moa_arch::D2T);
+    const ggml_tensor * head = df.tensor(moa_gguf_names::DRAFT_OUTPUT);
+    const ggml_tensor * map = df.tensor(moa_gguf_names::D2T);
     if (!head && !map) return;
     if (!head || !map) {
         problems.push_back("a reduced draft vocabulary needs both 'draft_output.weight' and 'd2t'");
     } else if (map->type != GGML_TYPE_I32 || ggml_n_dims(map) != 1 || head->ne[1] != map->ne[0]) {
         problems.push_back("'d2t' must be an I32 vector with one entry per draft_output.weight row");
     } else {
-        expect_shape(df, moa_arch::DRAFT_OUTPUT, hp.n_embd, head->ne[1], false, problems);
+        expect_shape(df, moa_gguf_names::DRAFT_OUTPUT, hp.n_embd, head->ne[1], false, problems);
     }
 }
 
@@ -573,20 +553,19 @@ std::vector<std::string> target_mismatches(const gguf_file & tf, const std::stri
 
 void match_target_gguf(const gguf_file & df, const gguf_file & tf, moa_hparams & hp) {
     const std::string tarch = tf.str("general.architecture", "");
-    if (tarch.empty() || tarch == moa_arch::ARCH) {
+    if (tarch.empty() || tarch == moa_gguf_names::ARCH) {
         moa_throw(MOA_ERR_FORMAT, "'%s' is not a target model GGUF (general.architecture '%s')", tf.path.c_str(), tarch.c_str());
     }
     report_problems(MOA_ERR_MISMATCH, "drafter '" + df.path + "' does not match target '" + tf.path + "':",
                     target_mismatches(tf, tarch, hp));
-    // Gemma-style targets feed sqrt(n_embd) * embedding to layer 0; the SA was trained on the
-    // target's layer-0 input.
-    const bool gemma = tarch.rfind("gemma", 0) == 0;
-    hp.embd_scale = (float) df.real(K::EMBEDDING_SCALE, gemma ? std::sqrt((double) hp.n_embd) : 1.0);
+    // The SA was trained on the target's layer-0 input: Gemma-style targets feed
+    // sqrt(n_embd) * embedding to layer 0 (moa-target-arch.h).
+    hp.embd_scale = (float) df.real(K::EMBEDDING_SCALE, moa_target_arch::embedding_scale(tarch, hp.n_embd));
 }
 
 target_source open_target(const gguf_file & df, const char * target_path, moa_hparams & hp) {
     target_source src;
-    const std::string tp = moa_arch::TARGET_PREFIX;
+    const std::string tp = moa_gguf_names::TARGET_PREFIX;
     if (target_path) {
         src.owned = std::make_unique<gguf_file>(target_path, "target");
         src.file = src.owned.get();
@@ -649,14 +628,20 @@ void check_tli_layers(const target_source & src, const std::string & tarch, cons
     expect_shape(tsf, src.prefix + "output_norm.weight", d, 1, true, bad);
 }
 
-// TLI N > 0 runs the target's last N decoder layers: llama family only (ref §10.3).
+// TLI N > 0 runs the target's last N decoder layers: the architectures the target-arch table
+// marks tli (a plain llama block, ref §10.3).
 void match_tli(const target_source & src, moa_hparams & hp) {
     if (hp.tli <= 0) return;
-    const std::string tarch = src.file->str(src.prefix.empty() ? "general.architecture" : K::TARGET_ARCH, "llama");
+    const std::string tarch = src.file->str(src.prefix.empty() ? "general.architecture" : K::TARGET_ARCH,
+                                            moa_target_arch::UNRECORDED);
+    const moa_target_arch::target_arch arch = moa_target_arch::lookup(tarch);
     std::vector<std::string> bad;
-    if (tarch != "llama") bad.push_back("TLI N > 0 needs a llama-architecture target (got '" + tarch + "')");
+    if (!arch.tli) {
+        bad.push_back("TLI N > 0 needs a " + moa_target_arch::tli_names() + "-architecture target (got '" + tarch + "')");
+    }
     if (hp.tli >= hp.n_target_layers) bad.push_back("TLI N must be below the target layer count");
-    // Layer checks only make sense for a llama target that has the layers.
+    hp.t_qk_permuted = arch.qk_permuted;
+    // Layer checks only make sense for a supported target that has the layers.
     if (bad.empty()) {
         read_tli_hparams(*src.file, tarch, hp);
         check_tli_layers(src, tarch, hp, bad);
@@ -688,17 +673,17 @@ void load_drafter_weights(moa_model & m, const gguf_file & df) {
         }), dl.end());
     } else {
         add_layer_tensors(dl, "lsa.", m.lsa);
-        dl.push_back({moa_arch::EKV2E_WEIGHT, &m.ekv2e_w});
-        dl.push_back({moa_arch::EKV2E_BIAS, &m.ekv2e_b});
+        dl.push_back({moa_gguf_names::EKV2E_WEIGHT, &m.ekv2e_w});
+        dl.push_back({moa_gguf_names::EKV2E_BIAS, &m.ekv2e_b});
     }
     ggml_tensor * draft_head = nullptr;
-    if (df.tensor(moa_arch::DRAFT_OUTPUT)) dl.push_back({moa_arch::DRAFT_OUTPUT, &draft_head});
+    if (df.tensor(moa_gguf_names::DRAFT_OUTPUT)) dl.push_back({moa_gguf_names::DRAFT_OUTPUT, &draft_head});
     load_tensors(m, df, dl, "", false);
     if (!draft_head) return;
 
-    const ggml_tensor * map = df.tensor(moa_arch::D2T);
+    const ggml_tensor * map = df.tensor(moa_gguf_names::D2T);
     m.d2t.resize(map->ne[0]);
-    read_at(df.path, df.offset_of(moa_arch::D2T), m.d2t.data(), m.d2t.size() * sizeof(int32_t));
+    read_at(df.path, df.offset_of(moa_gguf_names::D2T), m.d2t.data(), m.d2t.size() * sizeof(int32_t));
     for (int32_t id : m.d2t) {
         if (id < 0 || id >= m.hp.n_vocab_target) moa_throw(MOA_ERR_FORMAT, "'d2t' holds an id outside the target vocabulary");
     }
@@ -721,7 +706,8 @@ void load_target_tensors(moa_model & m, const target_source & src, bool use_mmap
     }
 }
 
-// TLI layers are copied, not mapped: their q/k rows are rewritten to HF order.
+// TLI layers are copied, not mapped: q/k rows permuted by llama.cpp's converter are rewritten
+// to HF order.
 void load_tli_layers(moa_model & m, const target_source & src) {
     const moa_hparams & hp = m.hp;
     if (hp.tli <= 0) return;
@@ -731,10 +717,34 @@ void load_tli_layers(moa_model & m, const target_source & src) {
         add_layer_tensors(ll, src.prefix + "blk." + std::to_string(hp.n_target_layers - hp.tli + i) + ".", m.tli[i]);
     }
     ll.push_back({src.prefix + "output_norm.weight", &m.output_norm});
-    load_tensors(m, *src.file, ll, "target.", false, hp.target_head_dim);
+    load_tensors(m, *src.file, ll, "target.", false, hp.t_qk_permuted ? hp.target_head_dim : 0);
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- public (moa-model.h)
+
+// A local GPU: GPU-type devices of llama.cpp's RPC backend live on other machines (they hold a
+// target's offloaded layers with --rpc); the drafter stays on this one.
+bool is_local_gpu(ggml_backend_dev_t d) {
+    if (ggml_backend_dev_type(d) != GGML_BACKEND_DEVICE_TYPE_GPU) return false;
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(d);
+    return !(reg && lower(ggml_backend_reg_name(reg)) == "rpc");
+}
+
+void moa_backend_set_threads(ggml_backend_t backend, int32_t n_threads) {
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+    if (!dev || ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) return;
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    auto fn = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
+    if (fn) fn(backend, n_threads);
+}
+
+moa_model::~moa_model() {
+    for (auto b : bufs) ggml_backend_buffer_free(b);
+    for (auto c : ctxs) ggml_free(c);
+    for (auto & m : mmaps) munmap(m.first, m.second);
+}
 
 // Everything that can be wrong with the user's files is found before the first allocation;
 // every tensor access after validate_drafter / open_target / match_tli is to a checked tensor.

@@ -41,6 +41,7 @@ struct moa_hparams {
     int32_t t_rope_dims  = 0;
     float   t_rms_eps    = 1e-5f;
     float   t_rope_base  = 10000.0f;
+    bool    t_qk_permuted = false;  // its q/k rows are NORM-permuted (moa-target-arch.h): un-permute at load
 };
 
 // One pre-norm Llama-style decoder layer (SA, CA or LSA).

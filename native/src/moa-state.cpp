@@ -175,6 +175,42 @@ void set_commit_positions(ggml_tensor * lpos, ggml_tensor * pos, int64_t L, int6
 
 }  // namespace
 
+// One chunk of the LSA -> Ekv2E -> CA K/V graph (build_ca_kv): its input x [W, L, T], the CA
+// K/V, the optional debug outputs, and where it lies in the caller's arrays.
+struct moa_state::ca_chunk {
+    ggml_context * ctx;
+    ggml_cgraph * gf;
+    ggml_tensor * x, * k, * v, * y, * mean, * e;
+    int32_t off, T;  // first token of the chunk within the call, tokens in it
+};
+
+// The loop commit and compute_ca share: chunks of at most n_batch tokens at positions
+// pos0 + off.., each its own graph. add_outputs marks / stores what the caller wants from the
+// graph before it is allocated; read_outputs copies it out after compute.
+void moa_state::run_ca_chunks(const float * lsa_in, int32_t n_tokens, moa_pos pos0,
+                              const std::function<void(const ca_chunk &)> & add_outputs,
+                              const std::function<void(const ca_chunk &)> & read_outputs) {
+    const moa_hparams & hp = m.hp;
+    const int64_t L = hp.n_target_layers, W = hp.lsa_width;
+    for (int32_t off = 0; off < n_tokens; off += n_batch) {
+        const int32_t T = std::min(n_batch, n_tokens - off);
+        graph_ctx gc(graph_mem);
+        moa_graph g{gc.ctx, hp};
+        ca_chunk c{gc.ctx, gc.gf, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, off, T};
+        c.x = ggml_new_tensor_3d(gc.ctx, GGML_TYPE_F32, W, L, T);  // [W, L, T]
+        ggml_set_input(c.x);
+        ggml_tensor * lpos = input(gc.ctx, GGML_TYPE_I32, L * T);
+        ggml_tensor * pos = input(gc.ctx, GGML_TYPE_I32, T);
+        build_ca_kv(g, c.x, lpos, pos, &c.k, &c.v, &c.y, &c.mean, &c.e);
+        add_outputs(c);
+        alloc(sched, gc.gf);
+        ggml_backend_tensor_set(c.x, lsa_in + (size_t) off * L * W, 0, ggml_nbytes(c.x));
+        set_commit_positions(lpos, pos, L, T, pos0 + off);
+        compute(sched, gc.gf);
+        read_outputs(c);
+    }
+}
+
 // ref: §4-§6, prefill step 2 and update step 2 of §12.
 void moa_state::commit(const float * lsa_in, int32_t n_tokens, moa_pos pos0, float * lsa_out, float * lsa_mean, float * ekv) {
     const moa_hparams & hp = m.hp;
@@ -185,45 +221,35 @@ void moa_state::commit(const float * lsa_in, int32_t n_tokens, moa_pos pos0, flo
     // A commit starts a new cycle: pending draft rows (whose TLI scratch slots follow n_ca)
     // are dropped.
     draft_parent.clear();
-    // A smaller pos0 truncates first. n_ca advances after each complete chunk, so after a
-    // (backend) failure the cache holds exactly the entries that were fully written.
+    // A smaller pos0 truncates first. n_ca advances after each complete chunk (n_ca == pos0 +
+    // off at each chunk), so after a (backend) failure the cache holds exactly the entries that
+    // were fully written.
     n_ca = pos0;
-    for (int32_t off = 0; off < n_tokens; off += n_batch) {
-        const int32_t T = std::min(n_batch, n_tokens - off);
-        graph_ctx gc(graph_mem);
-        ggml_context * ctx = gc.ctx;
-        moa_graph g{ctx, hp};
-        ggml_tensor * x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, W, L, T);  // [W, L, T]
-        ggml_set_input(x);
-        ggml_tensor * lpos = input(ctx, GGML_TYPE_I32, L * T);
-        ggml_tensor * pos = input(ctx, GGML_TYPE_I32, T);
-        ggml_tensor * k, * v, * y = nullptr, * mean = nullptr, * e;
-        build_ca_kv(g, x, lpos, pos, &k, &v, &y, &mean, &e);
-        if (lsa_out) { ggml_set_output(y); ggml_build_forward_expand(gc.gf, y); }
-        if (lsa_mean) { ggml_set_output(mean); ggml_build_forward_expand(gc.gf, mean); }
-        if (ekv) { ggml_set_output(e); ggml_build_forward_expand(gc.gf, e); }
-        moa_store_kv(ctx, gc.gf, ca_k, ca_v, k, v, n_ca);
+    auto add_outputs = [&](const ca_chunk & c) {
+        if (lsa_out) { ggml_set_output(c.y); ggml_build_forward_expand(c.gf, c.y); }
+        if (lsa_mean) { ggml_set_output(c.mean); ggml_build_forward_expand(c.gf, c.mean); }
+        if (ekv) { ggml_set_output(c.e); ggml_build_forward_expand(c.gf, c.e); }
+        moa_store_kv(c.ctx, c.gf, ca_k, ca_v, c.k, c.v, n_ca);
         // TLI: keep the target's own K/V of the reused layers (HF layout, like the weights'
         // un-permuted q/k rows) for the drafted rows' attention.
         const int64_t Dt = hp.target_head_dim, Hkv = hp.target_n_kv, n_tli = (int64_t) tli_k.size();
+        ggml_tensor * x = c.x;
         for (int64_t i = 0; i < n_tli; ++i) {
             const int64_t l = L - n_tli + i;
             const size_t es = ggml_element_size(x);
-            ggml_tensor * kl = ggml_view_3d(ctx, x, Dt, Hkv, T, 2 * Dt * es, x->nb[2], l * x->nb[1]);            // [Dt, Hkv, T]
-            ggml_tensor * vl = ggml_view_3d(ctx, x, Dt, Hkv, T, 2 * Dt * es, x->nb[2], l * x->nb[1] + Dt * es);
-            vl = ggml_reshape_2d(ctx, ggml_cont(ctx, vl), Dt * Hkv, T);                                         // [Dt*Hkv, T]
-            moa_store_kv(ctx, gc.gf, tli_k[i], tli_v[i], kl, vl, n_ca);
+            ggml_tensor * kl = ggml_view_3d(c.ctx, x, Dt, Hkv, c.T, 2 * Dt * es, x->nb[2], l * x->nb[1]);            // [Dt, Hkv, T]
+            ggml_tensor * vl = ggml_view_3d(c.ctx, x, Dt, Hkv, c.T, 2 * Dt * es, x->nb[2], l * x->nb[1] + Dt * es);
+            vl = ggml_reshape_2d(c.ctx, ggml_cont(c.ctx, vl), Dt * Hkv, c.T);                                         // [Dt*Hkv, T]
+            moa_store_kv(c.ctx, c.gf, tli_k[i], tli_v[i], kl, vl, n_ca);
         }
-
-        alloc(sched, gc.gf);
-        ggml_backend_tensor_set(x, lsa_in + (size_t) off * L * W, 0, ggml_nbytes(x));
-        set_commit_positions(lpos, pos, L, T, n_ca);
-        compute(sched, gc.gf);
-        if (lsa_out) ggml_backend_tensor_get(y, lsa_out + (size_t) off * L * W, 0, ggml_nbytes(y));
-        if (lsa_mean) ggml_backend_tensor_get(mean, lsa_mean + (size_t) off * W, 0, ggml_nbytes(mean));
-        if (ekv) ggml_backend_tensor_get(e, ekv + (size_t) off * d, 0, ggml_nbytes(e));
-        n_ca += T;
-    }
+    };
+    auto read_outputs = [&](const ca_chunk & c) {
+        if (lsa_out) ggml_backend_tensor_get(c.y, lsa_out + (size_t) c.off * L * W, 0, ggml_nbytes(c.y));
+        if (lsa_mean) ggml_backend_tensor_get(c.mean, lsa_mean + (size_t) c.off * W, 0, ggml_nbytes(c.mean));
+        if (ekv) ggml_backend_tensor_get(c.e, ekv + (size_t) c.off * d, 0, ggml_nbytes(c.e));
+        n_ca += c.T;
+    };
+    run_ca_chunks(lsa_in, n_tokens, pos0, add_outputs, read_outputs);
 }
 
 // Server side of a split commit: the same graph as commit, its K/V copied out instead of stored.
@@ -233,28 +259,18 @@ void moa_state::compute_ca(const float * lsa_in, int32_t n_tokens, moa_pos pos0,
     if (!lsa_in || !k_out || !v_out) moa_throw(MOA_ERR_INVALID_ARGUMENT, "compute_ca: lsa_in, k_out and v_out are required");
     if (!tli_k.empty()) moa_throw(MOA_ERR_INVALID_ARGUMENT, "compute_ca: split mode needs TLI N == 0 (this drafter has %d)", (int) tli_k.size());
     if (n_tokens <= 0 || pos0 < 0) moa_throw(MOA_ERR_INVALID_ARGUMENT, "compute_ca: need n_tokens > 0 and pos0 >= 0");
-    const int64_t L = hp.n_target_layers, W = hp.lsa_width, kv = (int64_t) hp.head_dim * hp.ca_n_kv;
-    for (int32_t off = 0; off < n_tokens; off += n_batch) {
-        const int32_t T = std::min(n_batch, n_tokens - off);
-        graph_ctx gc(graph_mem);
-        moa_graph g{gc.ctx, hp};
-        ggml_tensor * x = ggml_new_tensor_3d(gc.ctx, GGML_TYPE_F32, W, L, T);
-        ggml_set_input(x);
-        ggml_tensor * lpos = input(gc.ctx, GGML_TYPE_I32, L * T);
-        ggml_tensor * pos = input(gc.ctx, GGML_TYPE_I32, T);
-        ggml_tensor * k, * v, * y = nullptr, * mean = nullptr, * e;
-        build_ca_kv(g, x, lpos, pos, &k, &v, &y, &mean, &e);
-        ggml_set_output(k);
-        ggml_set_output(v);
-        ggml_build_forward_expand(gc.gf, k);
-        ggml_build_forward_expand(gc.gf, v);
-        alloc(sched, gc.gf);
-        ggml_backend_tensor_set(x, lsa_in + (size_t) off * L * W, 0, ggml_nbytes(x));
-        set_commit_positions(lpos, pos, L, T, pos0 + off);
-        compute(sched, gc.gf);
-        ggml_backend_tensor_get(k, k_out + (size_t) off * kv, 0, ggml_nbytes(k));  // [T][h_ca][D]
-        ggml_backend_tensor_get(v, v_out + (size_t) off * kv, 0, ggml_nbytes(v));
-    }
+    const int64_t kv = (int64_t) hp.head_dim * hp.ca_n_kv;
+    auto add_outputs = [&](const ca_chunk & c) {
+        ggml_set_output(c.k);
+        ggml_set_output(c.v);
+        ggml_build_forward_expand(c.gf, c.k);
+        ggml_build_forward_expand(c.gf, c.v);
+    };
+    auto read_outputs = [&](const ca_chunk & c) {
+        ggml_backend_tensor_get(c.k, k_out + (size_t) c.off * kv, 0, ggml_nbytes(c.k));  // [T][h_ca][D]
+        ggml_backend_tensor_get(c.v, v_out + (size_t) c.off * kv, 0, ggml_nbytes(c.v));
+    };
+    run_ca_chunks(lsa_in, n_tokens, pos0, add_outputs, read_outputs);
 }
 
 // Client side of a split commit: store K/V computed by compute_ca (no LSA weights needed).

@@ -3,6 +3,7 @@
 
 #include "moa-model.h"
 
+#include <functional>
 #include <vector>
 
 // Thread safety: a state is used by one thread at a time; different states (of one model or
@@ -61,6 +62,11 @@ private:
     // LSA -> mean -> Ekv2E -> CA norm -> CA K (RoPE at pos) / V of one chunk [W, L, T].
     void build_ca_kv(const struct moa_graph & g, ggml_tensor * x, ggml_tensor * lpos, ggml_tensor * pos,
                      ggml_tensor ** k, ggml_tensor ** v, ggml_tensor ** y, ggml_tensor ** mean, ggml_tensor ** e) const;
+    // The chunk loop of commit and compute_ca around build_ca_kv (see moa-state.cpp).
+    struct ca_chunk;
+    void run_ca_chunks(const float * lsa_in, int32_t n_tokens, moa_pos pos0,
+                       const std::function<void(const ca_chunk &)> & add_outputs,
+                       const std::function<void(const ca_chunk &)> & read_outputs);
     void validate(const char * who, int32_t n_feed, const moa_token * feed, int32_t n_draft, const moa_token * tokens,
                   const moa_pos * pos, const int32_t * parents, const float * logits) const;
     void run(int32_t n_feed, const moa_token * feed, int32_t n_draft, const moa_token * tokens, const moa_pos * pos,

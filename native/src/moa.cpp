@@ -1,8 +1,9 @@
 // extern "C" shims: guard, validate arguments, forward. No logic lives here.
 #include "moa-impl.h"
-#include "moa-arch.h"
+#include "moa-gguf-names.h"
 #include "moa-model.h"
 #include "moa-state.h"
+#include "moa-target-arch.h"
 
 #include <cstring>
 
@@ -29,12 +30,27 @@ int32_t moa_device_is_local_gpu(int32_t i) {
     return is_local_gpu(ggml_backend_dev_get(i)) ? 1 : 0;
 }
 
-int32_t moa_arch_n_tensors(void) { return (int32_t) moa_arch::required_tensors().size(); }
+int32_t moa_gguf_n_tensors(void) { return (int32_t) moa_gguf_names::required_tensors().size(); }
 
-const char * moa_arch_tensor_name(int32_t i) {
-    static const std::vector<std::string> names = moa_arch::required_tensors();
+const char * moa_gguf_tensor_name(int32_t i) {
+    static const std::vector<std::string> names = moa_gguf_names::required_tensors();
     if (i < 0 || (size_t) i >= names.size()) return "";
     return names[i].c_str();
+}
+
+int32_t moa_target_arch_count(void) { return (int32_t) moa_target_arch::all().size(); }
+
+const char * moa_target_arch_name(int32_t i) {
+    if (i < 0 || i >= moa_target_arch_count()) return "";
+    return moa_target_arch::all()[i].name;
+}
+
+int32_t moa_target_arch_flags(int32_t i) {
+    if (i < 0 || i >= moa_target_arch_count()) return -1;
+    const moa_target_arch::target_arch & a = moa_target_arch::all()[i];
+    return (a.qk_permuted ? MOA_TARGET_ARCH_QK_PERMUTED : 0) |
+           (a.scale == moa_target_arch::embd_scale::sqrt_n_embd ? MOA_TARGET_ARCH_EMBD_SCALE_SQRT : 0) |
+           (a.tli ? MOA_TARGET_ARCH_TLI : 0) | (a.capture ? MOA_TARGET_ARCH_CAPTURE : 0);
 }
 
 void moa_model_params_init(struct moa_model_params * p) {
