@@ -69,17 +69,17 @@ def main(argv=None) -> int:
     try:
         for shape in args.shapes:
             for dt in args.dtypes:
-                g = RemoteGenerator(url, drafter=drafter, target=model, draft=shape, ca_dtype=dt)
+                remote_gen = RemoteGenerator(url, drafter=drafter, target=model, draft=shape, ca_dtype=dt)
                 recs = []
                 for p, ref in zip(prompts, refs):
-                    ids = g.chat_prompt([{"role": "user", "content": p}])
+                    ids = remote_gen.chat_prompt([{"role": "user", "content": p}])
                     t = time.perf_counter()
-                    r = g.generate(ids, max_tokens=args.max_tokens)
+                    r = remote_gen.generate(ids, max_tokens=args.max_tokens)
                     st, n = r.stats, max(1, len(r.tokens))
                     recs.append({"tokens": len(r.tokens), "same": r.tokens == ref, "calls": st.server_calls / n,
                                  "sent": st.bytes_sent / n, "received": st.bytes_received / n, "tau": st.tau,
                                  "wall": time.perf_counter() - t})
-                g.close()
+                remote_gen.close()
                 rows.append({"shape": shape, "ca_dtype": dt, "prompts": len(recs),
                              "identical": sum(x["same"] for x in recs),
                              **{k: statistics.fmean(x[k] for x in recs) for k in ("calls", "sent", "received", "tau")}})

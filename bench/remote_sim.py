@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Client-server MoA latency simulation (spec/client-server.md §5.3), a live check through the
+"""Client-server MoA latency simulation (docs/client-server.md#simulation), a live check through the
 fault proxy, and disconnection runs.
 
 Cycle model (per verify): ``C = t_draft(k) + t_http + RTT + 8·S_req/B + 8·S_resp/B + T_v(k+1) +
@@ -8,10 +8,10 @@ time measured on loopback (request wall minus server decode), ``t_client`` the c
 per-cycle Python time; both are measured, not fitted. Per token ``C/tau``, server calls per token
 ``1/tau``. The open costs ``RTT + T_pf + 8·S_open/B``.
 
-Inputs: (a) a real loopback trace (``RemoteGenerator.trace``: SmolLM2 + the shipped drafter, a
+Inputs: (a) a real loopback trace (``RemoteGenerator(on_call=...)``: SmolLM2 + the shipped drafter, a
 few eval prompts) replayed cycle by cycle; (b) measured T(k) tables (SmolLM2 Q8_0, the
 8B-shape curves: ``tk-synthetic-8b`` is 8 of 32 layers, scaled x4 here, and the full 8B Q4_K_M
-table of spec/cpu-cost-curves.md) with per-depth acceptance from the trace or ``--oracle p``.
+table of docs/cost-curves.md) with per-depth acceptance from the trace or ``--oracle p``.
 
 Baselines on the same inputs: per-token API ``N·(RTT+T(1))``; streaming API ``RTT + T_pf +
 N·T(1)``; server-side speculation + streaming ``RTT + T_pf + N·C_local/tau``; single device
@@ -42,7 +42,7 @@ RES = Path(__file__).resolve().parent / "results" / "amd-epyc-2c"
 RTTS = (5, 20, 50, 100)          # ms
 BWS = (10, 50)                   # Mbit/s
 
-# spec/cpu-cost-curves.md, Llama-3-8B shape Q4_K_M (32 layers, 128K vocab), ms
+# docs/cost-curves.md#intel-xeon-2-vcpus, Llama-3-8B shape Q4_K_M (32 layers, 128K vocab), ms
 TK_8B_Q4KM = {1: 364, 2: 600, 3: 775, 4: 555, 5: 806, 6: 950, 7: 1106, 8: 1091, 12: 1442, 16: 1285}
 
 
@@ -59,18 +59,21 @@ def traced_runs(url: str, model: str, drafter: str, prompts: list, max_tokens: i
                 **gen_kw) -> list:
     """One traced generation per prompt: dicts with tokens, wall, trace."""
     from moa_cpp.remote.client import RemoteGenerator
-    g = RemoteGenerator(url, drafter=drafter, target=model, draft=draft, ca_dtype="f16", trace=True, **gen_kw)
+    calls: list = []                  # one record per server call (RemoteGenerator's on_call)
+    remote_gen = RemoteGenerator(url, drafter=drafter, target=model, draft=draft, ca_dtype="f16",
+                                 on_call=calls.append, **gen_kw)
     out = []
     try:
         for p in prompts:
-            ids = g.chat_prompt([{"role": "user", "content": p}])
+            ids = remote_gen.chat_prompt([{"role": "user", "content": p}])
+            calls.clear()
             t = time.perf_counter()
-            r = g.generate(ids, max_tokens=max_tokens)
+            r = remote_gen.generate(ids, max_tokens=max_tokens)
             wall = time.perf_counter() - t
             out.append({"n_prompt": len(ids), "tokens": list(r.tokens), "wall": wall, "tau": r.stats.tau,
-                        "trace": r.stats.trace})
+                        "trace": list(calls)})
     finally:
-        g.close()
+        remote_gen.close()
     return out
 
 
@@ -257,8 +260,8 @@ def outage_runs(host, port, model, drafter, prompts, refs, prompt_ids, max_token
     for d in durations:
         for pi, (p, ref) in enumerate(zip(prompts, refs)):
             px = FaultProxy(host, port, latency_ms=rtt / 2)
-            g = RemoteGenerator(px.url, drafter=drafter, target=model, draft="chain:4", ca_dtype="f16",
-                                max_unverified=max_unverified, resync_wait=max(60.0, 2 * d))
+            remote_gen = RemoteGenerator(px.url, drafter=drafter, target=model, draft="chain:4", ca_dtype="f16",
+                                         max_unverified=max_unverified, resync_wait=max(60.0, 2 * d))
             log, box = [], {}
 
             def hook(ev, log=log, box=box, px=px, d=d):
@@ -271,11 +274,11 @@ def outage_runs(host, port, model, drafter, prompts, refs, prompt_ids, max_token
                     tm = threading.Timer(d, lambda: (px.restore(), box.__setitem__("restored", time.perf_counter())))
                     tm.daemon = True
                     tm.start()
-            ids = g.chat_prompt([{"role": "user", "content": p}])
+            ids = remote_gen.chat_prompt([{"role": "user", "content": p}])
             t0 = time.perf_counter()
-            r = g.generate(ids, max_tokens=max_tokens, on_event=hook)
+            r = remote_gen.generate(ids, max_tokens=max_tokens, on_event=hook)
             t_end = time.perf_counter()
-            g.close()
+            remote_gen.close()
             px.close()
             if "cut" not in box:
                 print(f"outage D={d}: prompt {pi} ended before token {at}", flush=True)
@@ -502,10 +505,10 @@ def main_outage(args, model, drafter) -> int:
     u = urlparse(url)
     try:
         from moa_cpp.remote.client import RemoteGenerator
-        g = RemoteGenerator(url, drafter=drafter, target=model)
-        prompt_ids = [g.chat_prompt([{"role": "user", "content": p}]) for p in prompts]
-        g.generate(prompt_ids[0], max_tokens=8)                 # warm-up
-        g.close()
+        remote_gen = RemoteGenerator(url, drafter=drafter, target=model)
+        prompt_ids = [remote_gen.chat_prompt([{"role": "user", "content": p}]) for p in prompts]
+        remote_gen.generate(prompt_ids[0], max_tokens=8)                 # warm-up
+        remote_gen.close()
         rows = outage_runs(u.hostname, u.port, model, drafter, prompts, refs, prompt_ids, args.max_tokens,
                            args.outage_s, args.outage_at, args.outage_rtt, args.max_unverified)
     finally:

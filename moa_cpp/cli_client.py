@@ -114,28 +114,28 @@ def run_client(args: argparse.Namespace) -> int:
     if files and (args.trust_server_bundle or args.bundle_id):
         raise InvalidArgumentError("--trust-server-bundle / --bundle-id are about the server's bundle: not with "
                                    "--bundle or -m/-d (your own files)")
-    gen = RemoteGenerator(args.server, **files, api_key=_api_key(args), draft=args.draft,
-                          trust_server_bundle=args.trust_server_bundle, bundle_id=args.bundle_id,
-                          ca_dtype=args.ca_dtype, timeout=args.timeout, max_unverified=args.max_unverified,
-                          resync_wait=args.resync_wait)
+    remote_gen = RemoteGenerator(args.server, **files, api_key=_api_key(args), draft=args.draft,
+                                 trust_server_bundle=args.trust_server_bundle, bundle_id=args.bundle_id,
+                                 ca_dtype=args.ca_dtype, timeout=args.timeout, max_unverified=args.max_unverified,
+                                 resync_wait=args.resync_wait)
     prompt = args.prompt
     if args.chat:
-        prompt = gen.chat_prompt([{"role": "user", "content": args.prompt}])
+        prompt = remote_gen.chat_prompt([{"role": "user", "content": args.prompt}])
     tty = sys.stdout.isatty() and not args.json
-    on_event = None if args.json else _Renderer(gen.vocab, tty)
+    on_event = None if args.json else _Renderer(remote_gen.vocab, tty)
     try:
-        r = gen.generate(prompt, max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
-                         top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos, on_event=on_event)
+        r = remote_gen.generate(prompt, max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
+                                top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos, on_event=on_event)
     except RemoteError as e:
         said = f"the server answered {e.status} {e.kind}: " if e.status else ""
         print(f"moa-cpp client: error: {said}{e}", file=sys.stderr)
         return 2
     finally:
-        gen.close()
+        remote_gen.close()
     st = r.stats
     if args.json:
         print(json.dumps({"text": r.text, "tokens": r.tokens, "unverified": r.unverified,
-                          "unverified_text": gen.vocab.detokenize(r.unverified).decode("utf-8", "replace"),
+                          "unverified_text": remote_gen.vocab.detokenize(r.unverified).decode("utf-8", "replace"),
                           "finish_reason": r.finish_reason, "stats": st.to_dict()}), flush=True)
     else:
         sys.stdout.write("\n")

@@ -17,6 +17,9 @@ import pytest
 
 from moa_cpp.remote import bundle as B
 from moa_cpp.remote import protocol as P
+from moa_cpp.remote.bundle_download import download_bundle
+from moa_cpp.remote.bundle_write import make_bundle
+from moa_cpp.remote.gguf_info import gguf_info, tensor_rows
 
 pytestmark = pytest.mark.model
 
@@ -33,7 +36,7 @@ def files():
 @pytest.fixture(scope="module")
 def bundle_dir(files, tmp_path_factory):
     out = tmp_path_factory.mktemp("bundle") / "smollm2"
-    B.make_bundle(*files, out, progress=False)
+    make_bundle(*files, out, progress=False)
     return out
 
 
@@ -49,7 +52,7 @@ def models(files, bundle_dir):
 
 
 def _tensors(path):
-    return {name: (ne, t) for name, (ne, t, _) in B._scan_gguf(path).tensors.items()}
+    return {name: (ne, t) for name, (ne, t, _) in gguf_info(path).tensors.items()}
 
 
 # ---------------------------------------------------------------------------- files
@@ -65,22 +68,22 @@ def test_bundle_layout_and_sizes(files, bundle_dir):
     assert len(server_only) == 13
     assert set(ct) == (set(dt) - server_only) | {"target.token_embd.weight"}   # reduced head: no target.output
     assert ct["target.token_embd.weight"] == tt["token_embd.weight"]           # type kept
-    kv = B._scan_gguf(client).kv
+    kv = gguf_info(client).kv
     assert kv["moa.role"] == "client" and kv["moa.target.bundled"] is True
     assert kv["moa.target.block_count"] == 30 and kv["moa.embedding_scale"] == 1.0
     assert kv["moa.bundle.id"] == m["bundle_id"]
 
     # sizes: client = drafter - server-only part + embedding (+ metadata); the bundle is much
     # smaller than the target, the vocab a few MB with no tensor
-    sd = B._scan_gguf(drafter)
-    size = {n: (B._tensor_bytes(drafter, sd, n)[0].nbytes) for n in dt}
+    sd = gguf_info(drafter)
+    size = {n: (tensor_rows(drafter, sd, n)[0].nbytes) for n in dt}
     server_bytes = sum(size[n] for n in server_only)
-    embd = B._tensor_bytes(target, B._scan_gguf(target), "token_embd.weight")[0].nbytes
+    embd = tensor_rows(target, gguf_info(target), "token_embd.weight")[0].nbytes
     csize, vsize = client.stat().st_size, (bundle_dir / B.VOCAB_FILE).stat().st_size
     dsize, tsize = sum(size.values()), os.path.getsize(target)
     # LSA + Ekv2E + CA k/v (spec §1.3) from the drafter's own sizes: 2-D weights Q8_0 (34 bytes per
     # 32), norms and bias F32 (1.18 MB for the shipped LSA FFN 192; 1.42 MB at FFN 384)
-    k = B._scan_gguf(drafter).kv
+    k = gguf_info(drafter).kv
     W, d, F = k["moa.lsa.embedding_length"], k["moa.embedding_length"], k["moa.lsa.feed_forward_length"]
     q_dim = k["moa.lsa.head_count"] * k["moa.lsa.key_length"]
     kv_dim = k["moa.lsa.head_count_kv"] * k["moa.lsa.key_length"]
@@ -89,7 +92,7 @@ def test_bundle_layout_and_sizes(files, bundle_dir):
     assert server_bytes == pytest.approx(weights * 34 / 32 + 4 * (2 * W + d), rel=0.01), server_bytes
     assert abs(csize - (dsize - server_bytes + embd)) < 64 * 1024
     assert csize < 0.5 * tsize and csize + vsize < 45e6          # spec: ≈42.5 MB for SmolLM2
-    assert B._scan_gguf(bundle_dir / B.VOCAB_FILE).tensors == {} and vsize < 3e6
+    assert gguf_info(bundle_dir / B.VOCAB_FILE).tensors == {} and vsize < 3e6
     assert m["files"][B.CLIENT_FILE]["size"] == csize and m["files"][B.VOCAB_FILE]["size"] == vsize
 
 
@@ -329,10 +332,10 @@ def test_download_bundle_into_the_cache(server, plain, bundle_dir, tmp_path, mon
     finally:
         g.close()
     mtime = (d / B.CLIENT_FILE).stat().st_mtime_ns
-    assert B.download_bundle(server.url, KEY).dir == d and (d / B.CLIENT_FILE).stat().st_mtime_ns == mtime  # reused
+    assert download_bundle(server.url, KEY).dir == d and (d / B.CLIENT_FILE).stat().st_mtime_ns == mtime  # reused
     with open(d / B.VOCAB_FILE, "r+b") as f:                 # a damaged cached copy is fetched again
         f.write(b"XXXX")
-    assert B.download_bundle(server.url, KEY).dir == d
+    assert download_bundle(server.url, KEY).dir == d
     B.load_bundle(d)
     # a file that does not match the manifest on the way is rejected and not kept
     served = bundle_dir / B.VOCAB_FILE
@@ -341,7 +344,7 @@ def test_download_bundle_into_the_cache(server, plain, bundle_dir, tmp_path, mon
         served.write_bytes(orig[:-1] + bytes([orig[-1] ^ 1]))
         monkeypatch.setenv("MOA_CPP_CACHE", str(tmp_path / "cache2"))
         with pytest.raises(B.BundleError, match="does not match the manifest"):
-            B.download_bundle(server.url, KEY)
+            download_bundle(server.url, KEY)
         d2 = tmp_path / "cache2" / "bundles" / m["bundle_id"]
         assert not (d2 / B.VOCAB_FILE).exists() and not (d2 / B.MANIFEST_FILE).exists()
     finally:

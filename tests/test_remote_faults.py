@@ -145,8 +145,8 @@ def test_a_dead_kept_alive_connection_is_replaced(server, plain_tokens, monkeypa
     """Between two generations the kept-alive connection dies (reset; a server's keep-alive
     timeout does the same): the next request could not be sent on it, so it goes once more on a
     fresh connection: no disconnection, no error."""
-    from moa_cpp.remote.client import _Transport
-    monkeypatch.setattr(_Transport, "REUSE_IDLE_S", 1e9)        # reuse it however long it idled
+    from moa_cpp.remote.transport import Transport
+    monkeypatch.setattr(Transport, "REUSE_IDLE_S", 1e9)        # reuse it however long it idled
     proxy = FaultProxy(server.host, server.port)
     try:
         g = _client(proxy.url)

@@ -32,7 +32,8 @@ class ProtocolError(ValueError):
 
 # ---------------------------------------------------------------------------- bodies
 
-def _has_msgpack() -> bool:
+def has_msgpack() -> bool:
+    """Is the optional msgpack package installed (else bodies are JSON)?"""
     try:
         import msgpack  # noqa: F401
         return True

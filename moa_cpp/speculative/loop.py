@@ -38,6 +38,7 @@ class StepEvent:
     tokens: list
     stats: SpecStats
     logprobs: list = field(default_factory=list)   # TokenLogprob per token (when asked for)
+    origins: list = field(default_factory=list)    # who chose each token (StepResult.origins)
 
 
 @dataclass
@@ -88,6 +89,15 @@ def token_logprobs(rows: np.ndarray, tokens: Sequence[int], n_top: int) -> list:
             top = tuple((int(i), float(x[i] - lse)) for i in idx)
         out.append(TokenLogprob(int(tok), float(x[int(tok)] - lse), top))
     return out
+
+
+def fit_chain(cfg: DraftConfig, left: int) -> DraftConfig:
+    """``cfg`` cut to ``left`` drafts: a chain longer than the tokens left, the free context or
+    the exact batch size would only waste drafter work, so ask for no more than fits (NO_DRAFT
+    when nothing does). The loop's and the remote client's cycle both shape drafts with it."""
+    if cfg.mode == "chain" and cfg.chain > left:
+        return DraftConfig("chain", chain=left, budget=min(cfg.budget, left)) if left > 0 else NO_DRAFT
+    return cfg
 
 
 def _sample(logits: np.ndarray, sp: SamplingParams, rng: Optional[np.random.Generator]) -> int:
@@ -257,8 +267,11 @@ class SpeculativeLoop:
         emitted = verdict.tokens + [verdict.bonus]
         # row 0 (the root's) chose the first token, node i's row (i + 1) its child on the path
         lp = self._logprobs(g, rows[[0] + [i + 1 for i in verdict.path]], emitted)
+        names = self._source_names()
+        origins = [proposal.source_of(i, names) for i in verdict.path] + ["target"]
         return self._emit(g, emitted, proposal.n, verdict.n_accepted,
-                          proposal.draft_rows, str(cfg), t_draft + t_commit, t_target, t_capture, lp=lp)
+                          proposal.draft_rows, str(cfg), t_draft + t_commit, t_target, t_capture, lp=lp,
+                          origins=origins)
 
     def _plain_step(self, g: Generation, t_draft: float = 0.0) -> StepResult:
         """Plain decoding (nothing drafted, nothing to commit): decode the root alone, sample.
@@ -321,12 +334,7 @@ class SpeculativeLoop:
                 st.auto_choices.get(cfg.chain if cfg.mode == "chain" else 0, 0) + 1
         else:
             cfg = policy.choose(None)
-        # a chain longer than the tokens left, the free context or the exact batch size would
-        # only waste drafter work: ask for no more than fits
-        left = min(g.max_tokens - g.generated, room, g.max_rows - 1 - len(g.carry))
-        if cfg.mode == "chain" and cfg.chain > left:
-            cfg = DraftConfig("chain", chain=left, budget=min(cfg.budget, left)) if left > 0 else NO_DRAFT
-        return cfg
+        return fit_chain(cfg, min(g.max_tokens - g.generated, room, g.max_rows - 1 - len(g.carry)))
 
     def _propose(self, g: Generation, cfg: DraftConfig) -> Proposal:
         if cfg.mode == "none":
@@ -359,8 +367,9 @@ class SpeculativeLoop:
 
     def _emit(self, g: Generation, candidates: list, drafted: int, accepted: int, rows: int, shape: str,
               t_drafter: float = 0.0, t_target: float = 0.0, t_capture: float = 0.0,
-              lp: Optional[list] = None) -> StepResult:
-        """Emit verified tokens up to EOG / max_tokens; update the generation's stats."""
+              lp: Optional[list] = None, origins: Sequence[str] = ()) -> StepResult:
+        """Emit verified tokens up to EOG / max_tokens; update the generation's stats.
+        ``origins``: who chose each candidate (default: the target, as in prefill and plain steps)."""
         self.prefix.record(g)
         out: list = []
         reason = ""
@@ -387,6 +396,9 @@ class SpeculativeLoop:
         if not reason and g.generated >= g.max_tokens:
             reason = "length"
         st = g.stats
+        origins = tuple(origins[:len(out)]) if origins else ("target",) * len(out)
+        for o in origins:
+            st.emitted_from[o] = st.emitted_from.get(o, 0) + 1
         st.n_generated = g.generated
         st.accepted += accepted
         st.t_total = time.perf_counter() - g.t_start
@@ -394,7 +406,7 @@ class SpeculativeLoop:
             g.finished = True
             st.finish_reason = reason
         return StepResult(tuple(out), drafted, accepted, rows, shape, g.finished, reason, t_drafter, t_target,
-                          t_capture, tuple(lp[:len(out)]) if lp else ())
+                          t_capture, tuple(lp[:len(out)]) if lp else (), origins)
 
     def _grammar_done(self, g: Generation) -> bool:
         return any(g.grammar.allows(int(t)) for t in self.target.eog_tokens)
@@ -417,7 +429,7 @@ class SpeculativeLoop:
         if max_tokens <= 0:
             return
         g, r = self.prefill(prompt, max_tokens, sp, draft, logprobs, reuse)
-        yield StepEvent(list(r.tokens), g.stats, list(r.logprobs))
+        yield StepEvent(list(r.tokens), g.stats, list(r.logprobs), list(r.origins))
         while not g.finished:
             r = self.step(g)
-            yield StepEvent(list(r.tokens), g.stats, list(r.logprobs))
+            yield StepEvent(list(r.tokens), g.stats, list(r.logprobs), list(r.origins))
