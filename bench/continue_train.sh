@@ -74,7 +74,7 @@ prepare)
         --out out/cont/base-trained-on --n-samples 0 --fixed-answers 1200 --seed 0 --data-only
     $PY - <<'EOF'
 import json, numpy as np
-from moa_cpp.train.data import load_prompts
+from moa_cpp.train.prompts import load_prompts
 prompts, _ = load_prompts(["sharegpt"], seed=0, log=lambda s: None)
 order = np.random.default_rng(0).permutation(len(prompts))          # generate_dataset's order
 with open("out/cont/base-trained-on/prompts.jsonl", "w") as f:

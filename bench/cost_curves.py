@@ -538,7 +538,7 @@ def main(argv=None) -> int:
     from moa_cpp.models import ModelNotInstalledError
     from moa_cpp.target import Target
     try:                                   # quiet llama.cpp (requantizing logs every tensor)
-        from moa_cpp.target import set_llama_log
+        from moa_cpp.llama_log import set_llama_log
         set_llama_log(False)
     except ImportError:
         pass

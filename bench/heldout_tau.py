@@ -27,10 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from moa_cpp.train.cli import _target_path  # noqa: E402
 from moa_cpp.train.data import load_dataset  # noqa: E402
-from moa_cpp.train.sharegpt import prompt_key, read_prompt_keys  # noqa: E402
+from moa_cpp.train.exclusion import prompt_key, read_prompt_keys  # noqa: E402
 from moa_cpp.train.model import MoaDrafter, spec_from_config  # noqa: E402
 from moa_cpp.train.target_torch import TorchTarget  # noqa: E402
-from moa_cpp.train.trainer import compute_features, eval_acceptance, resolve_bf16  # noqa: E402
+from moa_cpp.train.devices import resolve_bf16  # noqa: E402
+from moa_cpp.train.evaluate import eval_acceptance  # noqa: E402
+from moa_cpp.train.features import compute_features  # noqa: E402
 
 
 def label(run: str) -> str:

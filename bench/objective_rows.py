@@ -22,7 +22,7 @@ from moa_cpp.train.data import load_dataset  # noqa: E402
 from moa_cpp.train.init_from import read_drafter  # noqa: E402
 from moa_cpp.train.masks import block_starts  # noqa: E402
 from moa_cpp.train.target_torch import TorchTarget  # noqa: E402
-from moa_cpp.train.trainer import off_path_rows  # noqa: E402
+from moa_cpp.train.loss import off_path_rows  # noqa: E402
 
 
 def main() -> int:

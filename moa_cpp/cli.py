@@ -20,7 +20,7 @@ SUBCOMMANDS = [
     ("train", ".train.cli", "train a MoA drafter for a GGUF target (needs the 'train' extra: torch)"),
     ("serve", ".cli_serve", "OpenAI-compatible HTTP server with MoA speculation (needs the 'server' extra)"),
     ("client", ".cli_client", "client-server MoA: draft here, verify on a moa-cpp serve; survives disconnections"),
-    ("bundle", ".remote.bundle", "client-server MoA: write the client bundle (drafter + embedding + tokenizer)"),
+    ("bundle", ".cli_bundle", "client-server MoA: write the client bundle (drafter + embedding + tokenizer)"),
     ("rpc-server", ".cli_serve", "llama.cpp's RPC backend server: lend this machine to a split target (no auth!)"),
 ]
 _ADD = {"generate": "add_generate_arguments", "chat": "add_chat_arguments", "convert": "add_convert_arguments",

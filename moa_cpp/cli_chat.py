@@ -70,7 +70,7 @@ def _read(first: list, interactive: bool) -> str:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from .target import set_llama_log
+    from .llama_log import set_llama_log
 
     check_sampling_args(args)
     set_llama_log(bool(args.llama_verbose or getattr(args, "verbose", False)))

@@ -92,7 +92,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
 def _resolve_models(args: argparse.Namespace) -> tuple:
     """(target, MoA drafter or None, draft model or None, speculative types, draft setting)."""
     from .defaults import resolve_models, resolve_spec_type
-    from .generator import DEFAULT_DRAFT
+    from .draft_setting import DEFAULT_DRAFT
     target, drafter, draft_model = resolve_models(args.model, args.drafter, args.draft_model, args.no_draft)
     kinds = resolve_spec_type(args.spec_type, drafter, draft_model, args.no_draft)
     if not kinds:
@@ -203,7 +203,7 @@ def calibrate_after(gen) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from .target import set_llama_log
+    from .llama_log import set_llama_log
 
     check_sampling_args(args)
     set_llama_log(bool(args.llama_verbose or getattr(args, "verbose", False)))

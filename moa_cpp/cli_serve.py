@@ -54,7 +54,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from .server.auth import check_bind
     from .server.sessions import build_sessions
     from .server.settings import settings_from_args
-    from .target import set_llama_log
+    from .llama_log import set_llama_log
 
     settings = settings_from_args(args)
     check_bind(settings.host, bool(settings.api_keys), settings.insecure_no_auth)

@@ -28,7 +28,7 @@ def resolve_models(target, drafter, draft_model, no_draft: bool) -> tuple:
     ``-d/-md`` that is a plain LLM GGUF drafts as a draft model (llama.cpp's meaning of ``-md``).
     ``-m`` alone: no drafter model (n-gram drafts, see :func:`resolve_spec_type`)."""
     from .errors import InvalidArgumentError
-    from .generator import is_moa_drafter
+    from .draft_setting import is_moa_drafter
 
     if drafter is not None and draft_model is None and not is_moa_drafter(drafter):
         drafter, draft_model = None, drafter

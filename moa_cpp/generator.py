@@ -11,261 +11,33 @@ Example::
     print(result.text, result.stats.tau, result.stats.tokens_per_s)
     for piece in gen.stream("Once upon a time", max_tokens=32):
         print(piece, end="", flush=True)
+
+Its parts: :mod:`moa_cpp.draft_setting` (draft shapes), :mod:`moa_cpp.streaming` (pieces as they
+are verified, results), :mod:`moa_cpp.llama_compat` (llama-cpp-python's argument and response
+shapes for ``create_completion`` / ``create_chat_completion``).
 """
 from __future__ import annotations
 
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
-
+from .draft_setting import parse_draft
 from .drafter import DrafterModel
+from .llama_compat import (CHAT_NOOP, NOOP, chat_chunks, chat_messages, chat_response, llama_sampling,
+                           refuse_unsupported, stop_list, tool_chunks, tool_response)
 from .speculative.loop import SpeculativeLoop
 from .speculative.proposers import NgramSettings, make_proposer, moa_state, parse_spec_type
 from .speculative.types import DraftConfig, SamplingParams, SpecStats
+from .streaming import GenerationResult, PendingLogprobs, Piece, held_back
 from .structured import grammar_text, request_grammar
 from .target import Target
 
+__all__ = ["GenerationResult", "Piece", "SpeculativeGenerator", "parse_draft"]
+
 Prompt = Union[str, Sequence[int]]
-
-# The draft setting of the library, the CLI and the server when none is given: cost-aware chains
-# of up to 8 drafts, chosen every cycle from the measured verify cost (never slower than plain).
-DEFAULT_DRAFT = "auto:8"
-
-
-def parse_draft(spec: Union[str, DraftConfig, None]) -> DraftConfig:
-    """"chain:N", "tree:DEPTH,TOPK,TOTAL", "auto[:KMAX]", "none" (or a DraftConfig) -> DraftConfig;
-    None -> :data:`DEFAULT_DRAFT`."""
-    if spec is None:
-        spec = DEFAULT_DRAFT
-    if isinstance(spec, DraftConfig):
-        return spec
-    s = spec.strip().lower()
-    if s in ("none", "off", "no-draft"):
-        return DraftConfig("none")
-    if s.startswith("auto"):
-        _, _, arg = s.partition(":")
-        return DraftConfig("auto", chain=int(arg or 8))
-    kind, _, arg = s.partition(":")
-    try:
-        if kind == "chain":
-            return DraftConfig("chain", chain=int(arg or 3))
-        if kind == "tree":
-            d, k, t = (int(x) for x in (arg or "6,8,62").split(","))
-            return DraftConfig("tree", depth=d, topk=k, total=t)
-    except ValueError as e:
-        raise ValueError(f"bad draft spec {spec!r}: {e}") from None
-    raise ValueError(f"bad draft spec {spec!r}: expected chain:N, tree:DEPTH,TOPK,TOTAL or none")
-
-
-def is_moa_drafter(path: Union[str, Path]) -> bool:
-    """True if ``path`` is an MoA drafter GGUF (general.architecture "moa"), False for any other
-    GGUF (e.g. a small LLM for draft-model speculation)."""
-    import gguf
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"drafter not found: {p}")
-    try:
-        field_ = gguf.GGUFReader(str(p)).fields.get("general.architecture")
-    except Exception as e:  # not a GGUF at all: the loaders give the precise error
-        raise ValueError(f"{p} is not a readable GGUF file: {e}") from None
-    return field_ is not None and bytes(field_.parts[-1]).decode("utf-8", "replace") == "moa"
-
-
-def _held_back(text: str, stops: Sequence[str]) -> int:
-    """Characters at the end of ``text`` not to stream yet: an incomplete UTF-8 character
-    (rendered as U+FFFD until its last byte arrives) or the start of a stop string."""
-    n = 0
-    while n < len(text) and text[len(text) - 1 - n] == "\ufffd" and n < 3:
-        n += 1
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), n, -1):
-            if text.endswith(s[:k]):
-                n = k
-                break
-    return n
-
-
-# llama-cpp-python arguments moa_cpp does not implement, and the values accepted for each: those
-# that change nothing (the first is llama-cpp-python's default). Any other value: ValueError.
-_SAMPLING_NOOP: dict = {
-    "typical_p": (1.0,), "tfs_z": (1.0,), "mirostat_mode": (0,), "mirostat_tau": (5.0,), "mirostat_eta": (0.1,),
-    "logits_processor": (None,),
-}
-_NOOP: dict = {**_SAMPLING_NOOP, "suffix": (None,), "echo": (False,),
-               "stopping_criteria": (None,)}
-_CHAT_NOOP: dict = dict(_SAMPLING_NOOP)
-
-
-def _is_value(value: Any, accepted: Any) -> bool:
-    if accepted is None:
-        return value is None
-    return isinstance(value, (bool, int, float)) and value == accepted
-
-
-def _refuse_unsupported(method: str, args: dict, noop: dict) -> None:
-    """ValueError naming the first argument of ``args`` that ``noop`` lists at another value."""
-    for name, accepted in noop.items():
-        value = args[name]
-        if not any(_is_value(value, a) for a in accepted):
-            shown = repr(value) if isinstance(value, (bool, int, float, str)) else "..."
-            raise ValueError(f"{method}({name}={shown}): not supported by moa_cpp yet "
-                             f"(accepted: {' or '.join(map(repr, accepted))})")
-
-
-def _stops(stop: Union[str, Sequence[str], None]) -> list:
-    return [stop] if isinstance(stop, str) else list(stop or [])
-
-
-def _llama_sampling(temperature: float, top_k: int, top_p: float, min_p: float = 0.0, repeat_penalty: float = 1.0,
-                    frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                    logit_bias: Optional[dict] = None) -> dict:
-    """llama-cpp-python's meaning of the settings: temperature 0 is greedy, < 0 samples from the
-    distribution the penalties leave (no temperature, top-k, top-p or min-p); penalties over the
-    last 64 generated tokens (its ``last_n_tokens_size``)."""
-    pen = dict(repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-               repeat_last_n=64, logit_bias={int(k): float(v) for k, v in (logit_bias or {}).items()})
-    if temperature < 0:
-        return dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, **pen)
-    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, **pen)
-
-
-def _chat_messages(messages: Any) -> list:
-    """OpenAI chat messages -> ``{"role", "content": str}`` dicts (text parts joined)."""
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
-        raise ValueError("create_chat_completion(messages=...): expected a non-empty list of "
-                         "{'role': ..., 'content': ...} dicts")
-    out = []
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ValueError(f"create_chat_completion: a message must be a dict with a 'role' string, not {m!r:.80}")
-        out.append({**m, "content": _content_text(m.get("content"))})
-    return out
-
-
-def _content_text(content: Any) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, (list, tuple)) and all(isinstance(p, dict) and p.get("type") == "text"
-                                                   and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
-    raise ValueError("create_chat_completion: message content other than text (a string or "
-                     "{'type': 'text', 'text': ...} parts) is not supported by moa_cpp yet")
-
-
-def _chat_response(c: dict) -> dict:
-    """A text completion as llama-cpp-python's chat completion (``_convert_text_completion_to_chat``)."""
-    ch = c["choices"][0]
-    return {"id": "chat" + c["id"], "object": "chat.completion", "created": c["created"], "model": c["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": ch["text"]},
-                         "logprobs": ch["logprobs"], "finish_reason": ch["finish_reason"]}],
-            "usage": c["usage"], "moa": c["moa"]}
-
-
-def _chat_chunks(chunks: Iterator[dict]) -> Iterator[dict]:
-    """Text chunks as llama-cpp-python's chat chunks (``_convert_text_completion_chunks_to_chat``):
-    first the role, then the content pieces (empty ones skipped), last ``{}`` with the reason."""
-    for i, c in enumerate(chunks):
-        text, finish = c["choices"][0]["text"], c["choices"][0]["finish_reason"]
-        if i == 0:
-            yield _chat_chunk(c, {"role": "assistant"}, None)
-        lp = c["choices"][0]["logprobs"]
-        if finish is not None or text or lp:
-            yield _chat_chunk(c, {} if finish is not None else {"content": text}, finish, lp)
-
-
-def _tool_response(r: dict, plan: Any) -> dict:
-    """A chat response whose answer is read as tool calls (llama-cpp-python's shape for a forced
-    call: content None, ``function_call`` and ``tool_calls``, finish_reason "tool_calls")."""
-    from .tools import assistant_message
-    ch = r["choices"][0]
-    msg, called = assistant_message(plan, ch["message"]["content"], r["id"][4:])
-    if called:
-        ch["message"] = msg
-        if plan.forced is not None:
-            ch["message"]["function_call"] = dict(msg["tool_calls"][0]["function"])
-        ch["finish_reason"] = "tool_calls"
-    return r
-
-
-def _tool_chunks(chunks: Iterator[dict], plan: Any) -> Iterator[dict]:
-    """Streamed tool answers: the role first, then (once the answer is complete) the calls as one
-    ``tool_calls`` delta -- or the content, if no call was made -- then the reason."""
-    from .tools import stream_delta
-    text, last = [], None
-    for i, c in enumerate(chunks):
-        if i == 0:
-            yield _chat_chunk(c, {"role": "assistant"}, None)
-        text.append(c["choices"][0]["text"])
-        last = c
-    delta, called = stream_delta(plan, "".join(text), last["id"])
-    if delta is not None:
-        yield _chat_chunk(last, delta, None)
-    yield _chat_chunk(last, {}, "tool_calls" if called else last["choices"][0]["finish_reason"])
-
-
-def _chat_chunk(c: dict, delta: dict, finish: Optional[str], logprobs: Any = None) -> dict:
-    return {"id": "chat" + c["id"], "model": c["model"], "created": c["created"], "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
-
-
-class _PendingLogprobs:
-    """Token logprobs waiting for their text: released once the text handed out covers the
-    token (positions in UTF-8 bytes of the generated text)."""
-
-    def __init__(self, target: Any) -> None:
-        self.target = target
-        self.pending: list = []          # (TokenLogprob, start byte, end byte)
-        self.pos = 0
-
-    def add(self, lps: list) -> None:
-        for lp in lps:
-            n = len(self.target.token_bytes(lp.token))
-            self.pending.append((lp, self.pos, self.pos + n))
-            self.pos += n
-
-    def _take(self, keep) -> list:
-        out = [lp for lp, s, e in self.pending if keep(s, e)]
-        self.pending = [x for x in self.pending if not keep(x[1], x[2])]
-        return out
-
-    def ending_within(self, shown: str) -> list:
-        if not self.pending:             # logprobs off: no encoding of the text on every step
-            return []
-        n = len(shown.encode())
-        return self._take(lambda s, e: e <= n)
-
-    def starting_before(self, cut: str) -> list:
-        if not self.pending:
-            return []
-        n = len(cut.encode())
-        out = self._take(lambda s, e: s < n)
-        self.pending = []
-        return out
-
-    def rest(self) -> list:
-        out, self.pending = [lp for lp, _, _ in self.pending], []
-        return out
-
-
-@dataclass
-class Piece:
-    """What one cycle of :meth:`SpeculativeGenerator.stream_steps` adds."""
-    tokens: list
-    text: str
-    logprobs: list            # TokenLogprob per token (empty unless asked for)
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    tokens: list
-    stats: SpecStats
-    finish_reason: str
-    prompt_tokens: list = field(default_factory=list)
 
 
 class SpeculativeGenerator:
@@ -333,8 +105,9 @@ class SpeculativeGenerator:
         return cls(target, drafter, draft=draft, proposer=proposer, spec_type=kinds, draft_min=draft_min)
 
     @classmethod
-    def from_llama(cls, llm: Any, drafter_path: Union[str, Path, None] = None, *, draft: Union[str, DraftConfig, None] = None,
-                   device: str = "auto", n_threads: Optional[int] = None) -> "SpeculativeGenerator":
+    def from_llama(cls, llm: Any, drafter_path: Union[str, Path, None] = None, *,
+                   draft: Union[str, DraftConfig, None] = None, device: str = "auto",
+                   n_threads: Optional[int] = None) -> "SpeculativeGenerator":
         """Reuse an existing ``llama_cpp.Llama`` (its model weights; a new context is created)."""
         target = Target.from_llama(llm, n_threads=n_threads)
         drafter = (DrafterModel(drafter_path, llm.model_path, device=device, n_threads=n_threads)
@@ -382,7 +155,7 @@ class SpeculativeGenerator:
         shown = 0          # characters of the text handed out so far
         stats = None
         render = self.target.text_stream()
-        lps = _PendingLogprobs(self.target)
+        lps = PendingLogprobs(self.target)
         for ev in self.loop.run(ids, max_tokens, sp, cfg, logprobs, reuse=cache_prompt):
             stats = ev.stats
             if not ev.tokens:
@@ -398,7 +171,7 @@ class SpeculativeGenerator:
                 yield Piece(ev.tokens, full[shown:hit], lps.starting_before(full[:hit]))
                 return
             # hold back what may still become a stop string or a multi-byte character
-            end = len(full) - _held_back(full, stop)
+            end = len(full) - held_back(full, stop)
             piece, shown = full[shown:max(shown, end)], max(shown, end)
             yield Piece(ev.tokens, piece, lps.ending_within(full[:shown]))
         if stats is not None:
@@ -496,10 +269,10 @@ class SpeculativeGenerator:
         default), else ``ValueError``: nothing is silently dropped. Greedy text equals
         llama-cpp-python's, penalties included.
         """
-        _refuse_unsupported("create_completion", locals(), _NOOP)
-        return self._completion(prompt, False, max_tokens, _stops(stop), stream, model, seed=seed,
+        refuse_unsupported("create_completion", locals(), NOOP)
+        return self._completion(prompt, False, max_tokens, stop_list(stop), stream, model, seed=seed,
                                 ignore_eos=ignore_eos, logprobs=logprobs, grammar=grammar,
-                                **_llama_sampling(temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
+                                **llama_sampling(temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
                                                   presence_penalty, logit_bias))
 
     def create_chat_completion(self, messages: List[dict], functions: Any = None, function_call: Any = None,
@@ -523,8 +296,9 @@ class SpeculativeGenerator:
         "auto" what the chat template's model writes, parsed; ``response_format``
         ``{"type": "json_object"}`` (with llama-cpp-python's optional ``"schema"``) or OpenAI's
         ``{"type": "json_schema", "json_schema": {"schema": ...}}`` constrains the output to
-        JSON (llama.cpp's grammar), as does ``grammar``; ``logprobs=True`` with ``top_logprobs`` N gives OpenAI's chat logprobs."""
-        _refuse_unsupported("create_chat_completion", locals(), _CHAT_NOOP)
+        JSON (llama.cpp's grammar), as does ``grammar``; ``logprobs=True`` with ``top_logprobs`` N
+        gives OpenAI's chat logprobs."""
+        refuse_unsupported("create_chat_completion", locals(), CHAT_NOOP)
         if top_logprobs is not None and not logprobs:
             raise ValueError("create_chat_completion(top_logprobs=...) needs logprobs=True")
         from . import tools as T
@@ -539,15 +313,15 @@ class SpeculativeGenerator:
             raise ValueError("create_chat_completion: a forced tool call and grammar / response_format each "
                              "constrain the output: give one of them")
         eos = self.target.detokenize([self.target.eos_token], special=True) if self.target.eos_token >= 0 else ""
-        out = self._completion(T.template_messages(_chat_messages(messages)), True, max_tokens, _stops(stop) + [eos],
+        out = self._completion(T.template_messages(chat_messages(messages)), True, max_tokens, stop_list(stop) + [eos],
                                stream, model, seed=seed, ignore_eos=ignore_eos,
                                logprobs=(top_logprobs or 0) if logprobs else None, grammar=plan.grammar or gram,
                                tools=plan.tools,
-                               **_llama_sampling(temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
+                               **llama_sampling(temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
                                                  presence_penalty, logit_bias))
         if plan.active:
-            return _tool_chunks(out, plan) if stream else _tool_response(_chat_response(out), plan)
-        return _chat_chunks(out) if stream else _chat_response(out)
+            return tool_chunks(out, plan) if stream else tool_response(chat_response(out), plan)
+        return chat_chunks(out) if stream else chat_response(out)
 
     def _completion(self, prompt: Any, chat: bool, max_tokens: Optional[int], stops: list, stream: bool,
                     model: Optional[str], **kw: Any) -> Any:

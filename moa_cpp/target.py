@@ -1,8 +1,10 @@
 """The target model: a llama.cpp context whose every decode also captures per-layer K/V.
 
 :class:`Target` is the only place that touches llama-cpp-python (spec/style-anchors.md,
-lesson 14). It creates its **own** ``llama_context`` on the model through the low-level API,
-because ``cb_eval`` can only be set at context creation and ``Llama(...)`` does not expose it
+lesson 14), with two helpers: :mod:`moa_cpp.chat_template` (prompts from chat messages) and
+:mod:`moa_cpp.text_stream` (streamed text); llama.cpp's process-wide log state is
+:mod:`moa_cpp.llama_log`'s. It creates its **own** ``llama_context`` on the model through the
+low-level API, because ``cb_eval`` can only be set at context creation and ``Llama(...)`` does not expose it
 (spec/llama-cpp-integration.md §4.3, §8.3). The eval callback is the native
 ``moa_capture_eval_cb``, so no Python runs per graph node.
 
@@ -13,6 +15,10 @@ Example::
         ids = tgt.tokenize("The quick brown fox")
         logits = tgt.decode(ids)            # [len(ids), n_vocab]
         lsa_in = tgt.captured_lsa_in()      # [len(ids), n_layer, 2*n_head_kv*head_dim]
+
+Why one module of ~550 lines: it is one class whose every method (loading, text, decoding and
+capture, KV cache, lifetime) works on the same llama.cpp handles (model, vocabulary, context,
+batch, capture); what needs none of them lives elsewhere (chat templates, streamed text, the log).
 """
 from __future__ import annotations
 
@@ -27,8 +33,10 @@ import numpy as np
 from ._batch import LlamaBatch, SeqIds
 from .arch import embedding_scale
 from ._native import check, check_ptr, ffi, lib
+from .chat_template import apply_chat_template
 from .errors import CacheFullError, InvalidArgumentError, MoaError, MoaIOError
-from .llama_log import llama_errors, log_chosen, set_llama_log  # noqa: F401 - re-exported
+from .llama_log import llama_errors, log_chosen, set_llama_log
+from .text_stream import TextStream
 
 _ROPE_TYPES = {
     llama_cpp.LLAMA_ROPE_TYPE_NONE: "none",
@@ -58,44 +66,6 @@ def _ensure_backend() -> None:
     if not _backend_ready:
         llama_cpp.llama_backend_init()
         _backend_ready = True
-
-
-def render_chat_template(template: str, messages: Sequence[dict], bos: str, eos: str,
-                         add_generation_prompt: bool = True, tools: Optional[list] = None) -> str:
-    """A GGUF ``tokenizer.chat_template`` rendered as llama-cpp-python renders it (Jinja2), with
-    the model's BOS / EOS text. One renderer for the target and the remote client's vocabulary."""
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-    fmt = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt)
-    return fmt(messages=list(messages), tools=tools).prompt
-
-
-class TextStream:
-    """The text of a growing token sequence, exactly as :meth:`Target.detokenize` renders it
-    (leading-space and clean-up rules apply to the whole sequence), without rebuilding ctypes
-    arrays per call: tokens and the text buffer are kept and grown by doubling."""
-
-    def __init__(self, vocab) -> None:
-        self._vocab = vocab
-        self._toks = (llama_cpp.llama_token * 256)()
-        self._n = 0
-        self._buf = ctypes.create_string_buffer(2048)
-
-    def extend(self, tokens: Sequence[int]) -> str:
-        """Append tokens; return the whole text so far."""
-        need = self._n + len(tokens)
-        if need > len(self._toks):
-            grown = (llama_cpp.llama_token * max(need, 2 * len(self._toks)))()
-            ctypes.memmove(grown, self._toks, self._n * ctypes.sizeof(llama_cpp.llama_token))
-            self._toks = grown
-        for i, t in enumerate(tokens):
-            self._toks[self._n + i] = int(t)
-        self._n = need
-        for _ in range(2):
-            n = llama_cpp.llama_detokenize(self._vocab, self._toks, self._n, self._buf, len(self._buf), False, False)
-            if n >= 0:
-                return self._buf.raw[:n].decode("utf-8", "replace")
-            self._buf = ctypes.create_string_buffer(max(-n, 2 * len(self._buf)))
-        raise MoaError("llama_detokenize failed")
 
 
 class Target:
@@ -325,47 +295,21 @@ class Target:
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
                             tools: Optional[list] = None) -> str:
-        """Render ``messages`` with the GGUF's ``tokenizer.chat_template`` (Jinja2, as
-        llama-cpp-python does for chat completions; ``tools``: OpenAI tools, for templates that
-        render them). Tokenize the result with ``add_bos=False, special=True``: the template
-        writes any BOS itself."""
-        template = self.chat_template_text
-        if template and "{{" not in template and "{%" not in template:       # a llama.cpp built-in's name
-            return self._builtin_chat_template(messages, add_generation_prompt, template)
-        if not template:
-            return self._builtin_chat_template(messages, add_generation_prompt)
+        """Render ``messages`` with the chat template in use (:attr:`chat_template_text`; Jinja2, as
+        llama-cpp-python does for chat completions, or a llama.cpp built-in: :mod:`moa_cpp.chat_template`;
+        ``tools``: OpenAI tools, for templates that render them). Tokenize the result with
+        ``add_bos=False, special=True``: the template writes any BOS itself."""
         bos = self.detokenize([self.bos_token], special=True) if self.bos_token >= 0 else ""
         eos = self.detokenize([self.eos_token], special=True) if self.eos_token >= 0 else ""
-        return render_chat_template(template, messages, bos, eos, add_generation_prompt, tools)
+        add_bos = (self.meta("tokenizer.ggml.add_bos_token") or "").lower() == "true"
+        return apply_chat_template(self.chat_template_text, messages, bos=bos, eos=eos, add_bos=add_bos,
+                                   arch=self.arch, model_name=self.path.name,
+                                   add_generation_prompt=add_generation_prompt, tools=tools)
 
     @property
     def chat_template_text(self) -> Optional[str]:
         """The chat template in use: the override, else the GGUF's (Jinja), or None."""
         return self.chat_template or self.meta("tokenizer.chat_template")
-
-    def _builtin_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool,
-                               name: Optional[str] = None) -> str:
-        """One of llama.cpp's built-in templates by ``name``, or for GGUFs without
-        tokenizer.chat_template (e.g. some Gemma-3 files) the architecture family's."""
-        name = name or ("gemma" if self.arch.startswith("gemma") else None)
-        if name is None:
-            raise MoaError(f"{self.path.name} has no chat template (tokenizer.chat_template); use a plain prompt")
-        arr = (llama_cpp.llama_chat_message * len(messages))()
-        keep = []
-        for i, m in enumerate(messages):
-            role, content = str(m["role"]).encode(), str(m["content"]).encode()
-            keep += [role, content]
-            arr[i].role, arr[i].content = role, content
-        size = 4096 + sum(len(k) for k in keep) * 2
-        buf = ctypes.create_string_buffer(size)
-        n = llama_cpp.llama_chat_apply_template(name.encode(), arr, len(messages), add_generation_prompt, buf, size)
-        if n < 0 or n > size:
-            raise MoaError(f"llama.cpp could not apply a built-in chat template named '{name}' (not one it knows?)")
-        text = buf.raw[:n].decode("utf-8", "replace")
-        bos = self.detokenize([self.bos_token], special=True) if self.bos_token >= 0 else ""
-        # llama.cpp's built-in templates omit BOS; add it when the model expects one
-        add_bos = (self.meta("tokenizer.ggml.add_bos_token") or "").lower() == "true"
-        return (bos + text) if add_bos and bos and not text.startswith(bos) else text
 
     # ------------------------------------------------------------------ properties
 

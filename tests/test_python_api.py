@@ -12,7 +12,7 @@ import pytest
 
 from moa_cpp import SpeculativeGenerator, defaults
 from helpers import drafting_default_generator
-from moa_cpp.generator import _llama_sampling
+from moa_cpp.llama_compat import llama_sampling as _llama_sampling
 
 pytestmark = pytest.mark.model
 

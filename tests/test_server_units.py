@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("starlette")
 
 from moa_cpp.errors import InvalidArgumentError  # noqa: E402
-from moa_cpp.generator import _held_back  # noqa: E402
+from moa_cpp.streaming import held_back as _held_back  # noqa: E402
 from moa_cpp.server.auth import KeyChecker, check_bind, load_api_keys, offered_key  # noqa: E402
 from moa_cpp.server.errors import APIError  # noqa: E402
 from moa_cpp.server.schemas import ChatRequest, CompletionRequest, parse_body  # noqa: E402

@@ -318,7 +318,7 @@ def test_shipped_file() -> None:
 @pytest.mark.slow
 def test_load_prompts_sharegpt_spec() -> None:
     """``--prompts sharegpt:N`` as data generation loads it: N first human turns, seeded, no eval repeats."""
-    from moa_cpp.train.data import load_prompts
+    from moa_cpp.train.prompts import load_prompts
 
     _shipped()
     d = _eval_dir()

@@ -16,12 +16,16 @@ import pytest
 import torch
 
 from moa_cpp.random_drafter import make_random_drafter, spec_from_target
-from moa_cpp.train.data import DataSettings, generate_dataset, load_prompt_files
+from moa_cpp.train.data import DataSettings, generate_dataset
+from moa_cpp.train.prompts import load_prompt_files
 from moa_cpp.train.masks import bounded_masks
 from moa_cpp.train.model import MoaDrafter
 from moa_cpp.train.target_torch import TorchTarget
-from moa_cpp.train.trainer import (OnlineFeatures, Trainer, TrainSettings, _batch, compute_features, loss_fn,
-                                   lr_at)
+from moa_cpp.train.batches import make_batch as _batch
+from moa_cpp.train.features import OnlineFeatures, compute_features
+from moa_cpp.train.loss import loss_fn
+from moa_cpp.train.settings import lr_at
+from moa_cpp.train.trainer import Trainer, TrainSettings
 
 torch.set_num_threads(1)
 
@@ -207,7 +211,7 @@ def _length_only_data(lens: np.ndarray):
     """(dataset, feature store) of zero tokens and zero features with sample lengths ``lens``:
     enough for batching tests, which look only at lengths."""
     from moa_cpp.train.data import Dataset
-    from moa_cpp.train.trainer import FeatureStore
+    from moa_cpp.train.features import FeatureStore
 
     n = len(lens)
     ds = Dataset(tokens=np.zeros(int(lens.sum()), np.int32), offsets=np.r_[0, np.cumsum(lens)].astype(np.int64),
@@ -250,7 +254,7 @@ def test_epochs_with_different_batch_counts(fixture_dir: Path, tmp_path: Path) -
 def test_bucketed_batches_pad_less_and_visit_every_sample(fixture_dir: Path, tmp_path: Path) -> None:
     """``batching="bucket"``: each epoch still holds every training sample exactly once, in a
     seeded order that differs per epoch, with less padding than shuffled packing."""
-    from moa_cpp.train.trainer import padding_share
+    from moa_cpp.train.packing import padding_share
 
     lens = np.random.default_rng(0).integers(20, 400, size=300)
     ds, fs = _length_only_data(lens)
@@ -721,7 +725,7 @@ def test_cuda_training_matches_cpu(fixture_dir: Path, tmp_path: Path, tli: int) 
 def test_bf16_auto_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--bf16 auto``: on only where bf16 is native (emulated bf16 autocast ran the target ~5x
     slower than F32 on this project's AVX2-only CPUs); on/off are obeyed."""
-    import moa_cpp.train.trainer as tr
+    import moa_cpp.train.devices as tr
 
     assert tr.resolve_bf16("on", "cpu") and not tr.resolve_bf16("off", "cpu")
     for native in (True, False):
@@ -762,6 +766,7 @@ def test_muon_optimizer_splits_params_and_resumes(fixture_dir: Path, tmp_path: P
     draft head, norms and biases); a run killed after its step-4 checkpoint and resumed ends on the
     same weights as one uninterrupted run (both optimisers' state survives the checkpoint)."""
     import moa_cpp.train.trainer as trainer_mod
+    from moa_cpp.train.optim import _MuonF32
 
     ds = _random_token_data()
     tt = TorchTarget.from_gguf(fixture_dir / "target-f32.gguf")
@@ -776,7 +781,7 @@ def test_muon_optimizer_splits_params_and_resumes(fixture_dir: Path, tmp_path: P
     whole = trainer("whole")
     muon, adamw = whole.opt.opts
     assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
-    assert isinstance(muon, trainer_mod._MuonF32)          # bf16 off: orthogonalised in F32
+    assert isinstance(muon, _MuonF32)          # bf16 off: orthogonalised in F32
     names = {id(p): n for n, p in whole.model.named_parameters()}
     in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
     in_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
@@ -813,7 +818,7 @@ def test_muon_f32_iteration_matches_torch() -> None:
     for wide and tall matrices, and the patch is undone after a step."""
     from torch.optim import _muon
 
-    from moa_cpp.train.trainer import _MuonF32, _newton_schulz_f32
+    from moa_cpp.train.optim import _MuonF32, _newton_schulz_f32
 
     g = torch.Generator().manual_seed(0)
     for shape in [(48, 96), (96, 48)]:

@@ -24,7 +24,10 @@ from moa_cpp.gguf_names import Keys
 from moa_cpp.random_drafter import spec_from_target
 from moa_cpp.train.init_from import read_drafter, to_model
 from moa_cpp.train.target_torch import TorchTarget
-from moa_cpp.train.trainer import Trainer, TrainSettings, _batch, compute_features, loss_fn
+from moa_cpp.train.batches import make_batch as _batch
+from moa_cpp.train.features import compute_features
+from moa_cpp.train.loss import loss_fn
+from moa_cpp.train.trainer import Trainer, TrainSettings
 
 from test_train import FIXTURE_SIZES, _prompt_dataset, _random_token_data
 
@@ -216,7 +219,7 @@ def test_mask_off_target_drops_rows_after_a_token_the_target_would_not_pick(fixt
     masked; one off-target token masks exactly the rows after it up to its block's end (their labels
     stop mattering), the rows before it and other blocks keep theirs."""
     from moa_cpp.train.masks import block_starts
-    from moa_cpp.train.trainer import off_target_rows
+    from moa_cpp.train.loss import off_target_rows
 
     tr, b, T, stair = fixture_batch
     m = tr.model

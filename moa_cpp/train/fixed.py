@@ -29,6 +29,7 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
+from . import exclusion as ex
 from . import sharegpt as sg
 from .data import Dataset, file_sha256, load_dataset, settings_match
 
@@ -87,14 +88,10 @@ def fixed_answer_dataset(target_path: Union[str, os.PathLike], out_dir: Union[st
                          log: Callable[[str], None] = print) -> Dataset:
     """Build (or reuse, when ``out_dir`` holds one made with the same settings) the teacher-forced
     dataset: ``n_samples`` (context, answer) pairs of ShareGPT, seeded order, eval repeats removed,
-    pairs whose first user message is in ``exclude`` (:func:`sharegpt.prompt_key`) skipped."""
-    from tqdm import tqdm
-
-    from ..target import Target
-
+    pairs whose first user message is in ``exclude`` (:func:`exclusion.prompt_key`) skipped."""
     st = settings
     if exclude:
-        st = replace(st, exclude_sha256=sg.exclusion_sha256(exclude))
+        st = replace(st, exclude_sha256=ex.exclusion_sha256(exclude))
     out = Path(out_dir)
     man_path = out / "manifest.json"
     if man_path.is_file():
@@ -104,15 +101,47 @@ def fixed_answer_dataset(target_path: Union[str, os.PathLike], out_dir: Union[st
             return load_dataset(out)
     t0 = time.time()
     stats = sg.ReadStats()
-    index = sg.EvalIndex.from_dir(eval_dir) if filter_eval else None
-    convs = sg.filter_eval_overlap(sg.iter_conversations(source, stats=stats), index, stats=stats)
+    index = ex.EvalIndex.from_dir(eval_dir) if filter_eval else None
+    convs = ex.filter_eval_overlap(sg.iter_conversations(source, stats=stats), index, stats=stats)
     pool = sg.deterministic_sample(list(sg.fixed_answers(convs, turns=st.turns, stats=stats)), None, st.seed)
-    pool = sg.drop_prompts(pool, set(exclude), key=lambda pair: pair[0], stats=stats)
+    pool = ex.drop_prompts(pool, set(exclude), key=lambda pair: pair[0], stats=stats)
     if st.code_share is not None:
         pool = code_first(pool, st.n_samples, st.code_share)
     log(f"data (fixed answers): ShareGPT {stats.conversations} conversations ({stats.eval_overlap} repeating an "
         f"eval prompt dropped), {len(pool)} answers"
         + (f" ({stats.excluded} excluded prompts dropped)" if exclude else "") + f", read in {time.time() - t0:.1f}s")
+    seqs, plens, kept, counts = _tokenized_pairs(target_path, pool, st)
+    if not seqs:
+        raise ValueError("no ShareGPT answer fits the prompt/answer limits")
+    offsets = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
+    ds = Dataset(tokens=np.concatenate(seqs), offsets=offsets,
+                 prompt_len=np.asarray(plens, np.int32), greedy=np.zeros(len(seqs), bool))
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / "data.npz", tokens=ds.tokens, offsets=ds.offsets, prompt_len=ds.prompt_len, greedy=ds.greedy)
+    (out / "prompts.jsonl").write_text("".join(json.dumps(k) + "\n" for k in kept))
+    p = Path(target_path)
+    man = {"model": {"path": str(p), "size": p.stat().st_size, "sha256": file_sha256(p)},
+           "source": "sharegpt-fixed", "settings": asdict(st), "eval_filter": filter_eval,
+           "eval_dir": str(eval_dir or ex.default_eval_dir()) if filter_eval else None,
+           "sharegpt": stats.as_dict(), "skipped": counts,
+           "n_samples": len(ds), "n_tokens": int(len(ds.tokens)), "n_response_tokens": ds.n_response_tokens,
+           "n_greedy": 0, "seconds": time.time() - t0}
+    tmp = man_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(man, indent=2) + "\n")
+    os.replace(tmp, man_path)       # the manifest last: a directory without it is not a dataset
+    log(f"data (fixed answers): {len(ds)} samples, {len(ds.tokens)} tokens ({ds.n_response_tokens} response; "
+        f"{counts['cut']} answers cut at {st.max_answer_tokens}, {counts['long_prompt']} long prompts skipped) "
+        f"in {man['seconds']:.0f}s -> {out}")
+    return ds
+
+
+def _tokenized_pairs(target_path: Union[str, os.PathLike], pool: list, st: FixedSettings) -> tuple:
+    """Token ids of the (context, answer) pairs in ``pool``, in order, until ``n_samples`` fit the
+    limits: (sequences, prompt lengths, prompts.jsonl records, counts of what was skipped or cut)."""
+    from tqdm import tqdm
+
+    from ..target import Target
+
     tg = Target.from_path(target_path, n_ctx=512, n_threads=1, install_callback=False)
     seqs, plens, kept = [], [], []
     counts = {"long_prompt": 0, "template_mismatch": 0, "cut": 0, "empty": 0}
@@ -141,25 +170,4 @@ def fixed_answer_dataset(target_path: Union[str, os.PathLike], out_dir: Union[st
                 bar.update(1)
     finally:
         tg.close()
-    if not seqs:
-        raise ValueError("no ShareGPT answer fits the prompt/answer limits")
-    offsets = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
-    ds = Dataset(tokens=np.concatenate(seqs), offsets=offsets,
-                 prompt_len=np.asarray(plens, np.int32), greedy=np.zeros(len(seqs), bool))
-    out.mkdir(parents=True, exist_ok=True)
-    np.savez(out / "data.npz", tokens=ds.tokens, offsets=ds.offsets, prompt_len=ds.prompt_len, greedy=ds.greedy)
-    (out / "prompts.jsonl").write_text("".join(json.dumps(k) + "\n" for k in kept))
-    p = Path(target_path)
-    man = {"model": {"path": str(p), "size": p.stat().st_size, "sha256": file_sha256(p)},
-           "source": "sharegpt-fixed", "settings": asdict(st), "eval_filter": filter_eval,
-           "eval_dir": str(eval_dir or sg.default_eval_dir()) if filter_eval else None,
-           "sharegpt": stats.as_dict(), "skipped": counts,
-           "n_samples": len(ds), "n_tokens": int(len(ds.tokens)), "n_response_tokens": ds.n_response_tokens,
-           "n_greedy": 0, "seconds": time.time() - t0}
-    tmp = man_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(man, indent=2) + "\n")
-    os.replace(tmp, man_path)       # the manifest last: a directory without it is not a dataset
-    log(f"data (fixed answers): {len(ds)} samples, {len(ds.tokens)} tokens ({ds.n_response_tokens} response; "
-        f"{counts['cut']} answers cut at {st.max_answer_tokens}, {counts['long_prompt']} long prompts skipped) "
-        f"in {man['seconds']:.0f}s -> {out}")
-    return ds
+    return seqs, plens, kept, counts

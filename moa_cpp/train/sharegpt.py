@@ -19,11 +19,9 @@ Pipeline::
 :func:`fixed_answers` yields (context, answer) pairs for teacher-forced training on the dataset's
 own answers.
 
-Eval overlap: a conversation is dropped when any of its human turns, normalised (lowercase,
-whitespace collapsed), equals a normalised eval prompt (any turn of any set in
-``../shared/data/eval``), or contains one of at least ``min_contain_chars`` characters. The
-known instruction prefixes of the eval sets (``Complete the code I provided.``, ``Summarize:``)
-are also stripped for the containment check, so the bare code or article counts too.
+Eval overlap and held-out exclusion (:class:`EvalIndex`, :func:`filter_eval_overlap`,
+:func:`drop_prompts`, ...) live in :mod:`moa_cpp.train.exclusion` (they serve prompt files too);
+they are re-exported here, as parts of the pipeline above.
 
 This module imports no torch and no llama.cpp.
 """
@@ -37,6 +35,10 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence, TextIO, Union
 
 import numpy as np
+
+# re-exported (in __all__): the pipeline above uses them through this module
+from .exclusion import (EvalIndex, default_eval_dir, drop_prompts, exclusion_sha256,
+                        filter_eval_overlap, normalize, prompt_key, read_prompt_keys)
 
 __all__ = ["SHAREGPT_DIST", "SHAREGPT_FILE", "ReadStats", "Conversation", "EvalIndex", "sharegpt_path",
            "default_eval_dir", "iter_records", "iter_conversations", "filter_eval_overlap", "human_prompts",
@@ -53,8 +55,6 @@ Messages = list  # list[dict[str, str]]: chat messages {"role", "content"}
 # ShareGPT speaker names -> chat roles ("human"/"gpt" in ~all records; the rest are rare)
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",
           "bing": "assistant", "assistant": "assistant", "model": "assistant", "system": "system"}
-# instruction prefixes of the eval sets, stripped for the containment check (normalised form)
-_EVAL_PREFIXES = ("complete the code i provided.", "summarize:")
 
 
 def sharegpt_path() -> Path:
@@ -62,14 +62,6 @@ def sharegpt_path() -> Path:
     the install command if it is not installed)."""
     from ..models import installed_file
     return installed_file(SHAREGPT_DIST, SHAREGPT_FILE, INSTALL_HINT, what="the dataset package")
-
-
-def default_eval_dir() -> Path:
-    """``$MOA_EVAL_DIR``, else ``../shared/data/eval`` next to the repository (as bench/run_eval.py)."""
-    env = os.environ.get("MOA_EVAL_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data" / "eval"
 
 
 @dataclass
@@ -124,66 +116,29 @@ def iter_records(source: Union[str, os.PathLike, TextIO, None] = None, *, stats:
     f, owned = _open_text(source)
     t0 = time.time()
     try:
-        buf, pos, eof = "", 0, False
-
-        def more() -> bool:
-            nonlocal buf, pos, eof
-            if eof:
-                return False
-            chunk = f.read(chunk_chars)
-            st.chars += len(chunk)
-            if not chunk:
-                eof = True
-                return False
-            buf, pos = buf[pos:] + chunk, 0
-            return True
-
-        def skip_ws() -> bool:
-            """Advance ``pos`` past whitespace; False at end of file."""
-            nonlocal pos
-            while True:
-                while pos < len(buf) and buf[pos] in " \t\r\n":
-                    pos += 1
-                if pos < len(buf):
-                    return True
-                if not more():
-                    return False
-
-        if not skip_ws():
+        r = _Chunks(f, chunk_chars, st)
+        if not r.skip_ws():
             return                                        # empty file: no records
-        if buf[pos] != "[":
-            raise ValueError(f"not a JSON array (starts with {buf[pos:pos + 20]!r})")
-        pos += 1
+        if r.buf[r.pos] != "[":
+            raise ValueError(f"not a JSON array (starts with {r.buf[r.pos:r.pos + 20]!r})")
+        r.pos += 1
         first = True
         while True:
-            if not skip_ws():
+            if not r.skip_ws():
                 st.truncated = True                       # no closing ']'
                 return
-            if buf[pos] == "]":
+            if r.buf[r.pos] == "]":
                 return                                    # a complete file
             if not first:
-                if buf[pos] != ",":
-                    raise ValueError(f"expected ',' between records at character {st.chars - len(buf) + pos}")
-                pos += 1
-                if not skip_ws():
+                if r.buf[r.pos] != ",":
+                    raise ValueError(f"expected ',' between records at character {st.chars - len(r.buf) + r.pos}")
+                r.pos += 1
+                if not r.skip_ws():
                     st.truncated = True
                     return
-            while True:
-                try:
-                    obj, end = dec.raw_decode(buf, pos)
-                except json.JSONDecodeError:
-                    if len(buf) - pos > max_record_chars:
-                        raise ValueError(f"malformed record {st.records} (no complete value in "
-                                         f"{max_record_chars} characters)") from None
-                    if more():
-                        continue
-                    st.truncated = True
-                    st.tail_chars = len(buf) - pos
-                    return
-                if end == len(buf) and more():
-                    continue                              # a number/literal may go on in the next chunk
-                break
-            pos = end
+            found, obj = r.decode(dec, max_record_chars)
+            if not found:
+                return
             first = False
             st.records += 1
             yield obj
@@ -191,6 +146,57 @@ def iter_records(source: Union[str, os.PathLike, TextIO, None] = None, *, stats:
         st.seconds += time.time() - t0
         if owned:
             f.close()
+
+
+class _Chunks:
+    """A text stream read ``chunk_chars`` characters at a time: ``buf[pos:]`` is what is not parsed
+    yet (the rest of the current chunk, grown only while one value straddles chunk boundaries)."""
+
+    def __init__(self, f: TextIO, chunk_chars: int, st: ReadStats) -> None:
+        self.f, self.chunk_chars, self.st = f, chunk_chars, st
+        self.buf, self.pos, self.eof = "", 0, False
+
+    def more(self) -> bool:
+        """Append the next chunk (dropping what was parsed); False at end of file."""
+        if self.eof:
+            return False
+        chunk = self.f.read(self.chunk_chars)
+        self.st.chars += len(chunk)
+        if not chunk:
+            self.eof = True
+            return False
+        self.buf, self.pos = self.buf[self.pos:] + chunk, 0
+        return True
+
+    def skip_ws(self) -> bool:
+        """Advance ``pos`` past whitespace; False at end of file."""
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.buf):
+                return True
+            if not self.more():
+                return False
+
+    def decode(self, dec: json.JSONDecoder, max_record_chars: int) -> tuple[bool, object]:
+        """(True, the value at ``pos``) and ``pos`` past it, or (False, None) at an unfinished tail
+        (``st.truncated``); ValueError when ``max_record_chars`` characters hold no complete value."""
+        while True:
+            try:
+                obj, end = dec.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError:
+                if len(self.buf) - self.pos > max_record_chars:
+                    raise ValueError(f"malformed record {self.st.records} (no complete value in "
+                                     f"{max_record_chars} characters)") from None
+                if self.more():
+                    continue
+                self.st.truncated = True
+                self.st.tail_chars = len(self.buf) - self.pos
+                return False, None
+            if end == len(self.buf) and self.more():
+                continue                              # a number/literal may go on in the next chunk
+            self.pos = end
+            return True, obj
 
 
 def _conversation(rec: object) -> Optional[Conversation]:
@@ -222,137 +228,6 @@ def iter_conversations(source: Union[str, os.PathLike, TextIO, None] = None, *,
             st.bad_records += 1
             continue
         st.conversations += 1
-        yield c
-
-
-def normalize(text: str) -> str:
-    """Lowercase, whitespace runs collapsed to one space, stripped."""
-    return " ".join(text.lower().split())
-
-
-def prompt_key(item: Union[str, Sequence[dict], dict]) -> str:
-    """What identifies a training or held-out sample: its first user message, normalised. ``item``:
-    the text, a message list, or a ``prompts.jsonl`` record (``{"prompt": ...}`` or ``{"messages": [...]}``)."""
-    if isinstance(item, dict):
-        item = item["prompt"] if "prompt" in item else item["messages"]
-    if not isinstance(item, str):
-        item = next(m["content"] for m in item if m.get("role") == "user")
-    return normalize(str(item))
-
-
-def read_prompt_keys(paths: Iterable[Union[str, os.PathLike]]) -> set[str]:
-    """The :func:`prompt_key` of every sample in ``prompts.jsonl`` files, or in the ``prompts.jsonl``
-    of run/data directories (``DIR``, ``DIR/data``, ``DIR/data-fixed``; a GGUF: its directory's)."""
-    keys: set[str] = set()
-    for path in paths:
-        p = Path(path)
-        if p.suffix == ".gguf":
-            p = p.parent
-        files = [p] if p.is_file() else [f for f in (p / "prompts.jsonl", p / "data" / "prompts.jsonl",
-                                                     p / "data-fixed" / "prompts.jsonl") if f.is_file()]
-        if not files and not p.is_dir():
-            raise FileNotFoundError(f"{p}: no such prompts file or run directory")
-        for f in files:
-            keys |= {prompt_key(json.loads(line)) for line in f.read_text().splitlines() if line.strip()}
-    return keys
-
-
-def exclusion_sha256(keys: Iterable[str]) -> str:
-    """What a dataset's manifest records of an exclusion (a changed set regenerates the data)."""
-    import hashlib
-
-    return hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()
-
-
-def drop_prompts(items: list, keys: set[str], *, key=lambda x: x, stats: Optional[ReadStats] = None) -> list:
-    """``items`` without those whose prompt's :func:`prompt_key` is in ``keys`` (order kept: applied after
-    the seeded sample, so a run with an exclusion draws what it would have drawn, minus those)."""
-    if not keys:
-        return items
-    kept = [it for it in items if prompt_key(key(it)) not in keys]
-    if stats is not None:
-        stats.excluded += len(items) - len(kept)
-    return kept
-
-
-class EvalIndex:
-    """Normalised eval prompts, for :meth:`matches` (exact match or containment of a long prompt).
-
-    Containment is found through a key of ``k`` inner words of each long eval prompt (the words
-    after its first one, which are whole words wherever the prompt is embedded): a turn is
-    searched for the full prompt only when it holds such a word sequence.
-    """
-
-    def __init__(self, prompts: Iterable[str], *, min_contain_chars: int = 48, k: int = 6):
-        self.k = k
-        self.exact: set[str] = set()
-        self.long: dict[tuple, list[str]] = {}
-        self.n_prompts = 0
-        for p in prompts:
-            n = normalize(p)
-            if not n:
-                continue
-            self.n_prompts += 1
-            self.exact.add(n)
-            cores = {n}
-            for pre in _EVAL_PREFIXES:
-                if n.startswith(pre):
-                    cores.add(n[len(pre):].strip())
-            for c in cores:
-                w = c.split(" ")
-                if len(c) >= min_contain_chars and len(w) >= k + 2:
-                    self.long.setdefault(tuple(w[1:1 + k]), []).append(c)
-
-    @classmethod
-    def from_dir(cls, eval_dir: Union[str, os.PathLike, None] = None, **kw) -> "EvalIndex":
-        """Every turn of every ``*.jsonl`` in ``eval_dir`` (default :func:`default_eval_dir`)."""
-        d = Path(eval_dir) if eval_dir is not None else default_eval_dir()
-        files = sorted(d.glob("*.jsonl"))
-        if not files:
-            raise FileNotFoundError(f"no eval prompts (*.jsonl) in {d}: cannot filter conversations that repeat "
-                                    "them (pass the eval directory, or none to disable the filter)")
-        prompts: list[str] = []
-        for f in files:
-            for line in f.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    turns = json.loads(line).get("turns") or []
-                    prompts += [t for t in turns if isinstance(t, str)]
-        return cls(prompts, **kw)
-
-    def matches(self, text: str) -> bool:
-        """``text`` (a human turn) repeats an eval prompt."""
-        n = normalize(text)
-        if n in self.exact:
-            return True
-        if not self.long:
-            return False
-        w = n.split(" ")
-        k = self.k
-        if len(w) < k:
-            return False
-        grams = zip(*(w[i:] for i in range(k)))
-        if self.long.keys().isdisjoint(grams):
-            return False
-        for g in zip(*(w[i:] for i in range(k))):
-            for c in self.long.get(g, ()):
-                if c in n:
-                    return True
-        return False
-
-    def overlaps(self, conv: Conversation) -> bool:
-        """Any human turn of ``conv`` repeats an eval prompt."""
-        return any(m["role"] == "user" and self.matches(m["content"]) for m in conv.messages)
-
-
-def filter_eval_overlap(convs: Iterable[Conversation], index: Optional[EvalIndex], *,
-                        stats: Optional[ReadStats] = None) -> Iterator[Conversation]:
-    """``convs`` without those repeating an eval prompt (counted in ``stats.eval_overlap``).
-    ``index`` None: no filtering."""
-    for c in convs:
-        if index is not None and index.overlaps(c):
-            if stats is not None:
-                stats.eval_overlap += 1
-            continue
         yield c
 
 
