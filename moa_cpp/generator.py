@@ -34,6 +34,7 @@ from .speculative.types import DraftConfig, SamplingParams, SpecStats
 from .streaming import GenerationResult, PendingLogprobs, Piece, held_back
 from .structured import grammar_text, request_grammar
 from .target import Target
+from .token_spans import TokenSpans
 
 __all__ = ["GenerationResult", "Piece", "SpeculativeGenerator", "parse_draft"]
 
@@ -156,28 +157,30 @@ class SpeculativeGenerator:
         stats = None
         render = self.target.text_stream()
         lps = PendingLogprobs(self.target)
+        spans = TokenSpans(self.target)
         for ev in self.loop.run(ids, max_tokens, sp, cfg, logprobs, reuse=cache_prompt):
             stats = ev.stats
             if not ev.tokens:
                 continue
             full = render.extend(ev.tokens)
             lps.add(ev.logprobs)
+            spans.add(ev.tokens, ev.origins)
             # search only where a stop string could newly start
             start = max(0, shown - max((len(s) for s in stop), default=0))
             hit = min((i for i in (full.find(s, start) for s in stop) if i >= 0), default=-1)
             if hit >= 0:
                 stats.finish_reason = "stop"
                 self.last_stats = stats
-                yield Piece(ev.tokens, full[shown:hit], lps.starting_before(full[:hit]))
+                yield Piece(ev.tokens, full[shown:hit], lps.starting_before(full[:hit]), spans.split(full[shown:hit]))
                 return
             # hold back what may still become a stop string or a multi-byte character
             end = len(full) - held_back(full, stop)
             piece, shown = full[shown:max(shown, end)], max(shown, end)
-            yield Piece(ev.tokens, piece, lps.ending_within(full[:shown]))
+            yield Piece(ev.tokens, piece, lps.ending_within(full[:shown]), spans.split(piece))
         if stats is not None:
             tail = render.extend([])[shown:]
             if tail or lps.pending:
-                yield Piece([], tail, lps.rest())
+                yield Piece([], tail, lps.rest(), spans.split(tail))
         self.last_stats = stats
 
     def _sampling(self, temperature: float, top_k: int, top_p: float, seed: Optional[int], ignore_eos: bool,

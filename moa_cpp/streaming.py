@@ -71,6 +71,9 @@ class Piece:
     tokens: list
     text: str
     logprobs: list            # TokenLogprob per token (empty unless asked for)
+    # ``text`` split at token boundaries: [[text, origin, index], ...] (moa_cpp.token_spans: who
+    # chose each token, "target" or the proposer whose draft was accepted)
+    spans: list = field(default_factory=list)
 
 
 @dataclass

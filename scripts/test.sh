@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/browser.sh     # the chat page's browser test (skips with a reason where none)
 . .venv/bin/activate
 python -m pytest -q -ra "$@"

@@ -37,24 +37,32 @@ from .remote_routes import RemoteAPI
 from .schemas import ChatRequest, CompletionRequest, parse_body
 from .sessions import SessionPool, model_id
 from .settings import ServerSettings
+from .ui import PUBLIC_PATHS, ChatPage
 from .worker import GenParams, Job
 
 log = logging.getLogger("moa_cpp.server")
 
 class AuthMiddleware:
-    """API key on every route but /health (pure ASGI: streaming responses pass untouched)."""
+    """API key on every route but /health and the chat page's files (pure ASGI: streaming responses pass untouched)."""
 
     def __init__(self, app: Any, checker: KeyChecker) -> None:
         self.app, self.checker = app, checker
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and self.checker.enabled and scope.get("path") != "/health":
+        if scope["type"] == "http" and self.checker.enabled and not _public(scope):
             if not self.checker.check(offered_key(scope.get("headers", ()))):
                 err = APIError(401, "invalid or missing API key (Authorization: Bearer KEY or X-Api-Key: KEY)",
                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
                 await err.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _public(scope: dict) -> bool:
+    """Answered without a key: /health, and the chat page's own files on GET (they hold no data;
+    a browser cannot send a key when it opens a page)."""
+    path = scope.get("path")
+    return path == "/health" or (scope.get("method") in ("GET", "HEAD") and path in PUBLIC_PATHS)
 
 
 class Server:
@@ -139,7 +147,8 @@ def _error_of(exc: BaseException) -> APIError:
 def _moa(stats: Any, draft: str) -> dict:
     return {"tau": round(stats.tau, 4), "target_calls": stats.target_calls, "draft": draft,
             "decision": stats.decision, "drafted": stats.drafted, "accepted": stats.accepted,
-            "by_source": stats.by_source, "tokens_per_s": round(stats.tokens_per_s, 2)}
+            "by_source": stats.by_source, "emitted_from": stats.emitted_from,
+            "tokens_per_s": round(stats.tokens_per_s, 2)}
 
 
 class _Completion:
@@ -194,14 +203,20 @@ class _Completion:
         return {**self._head(True), "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
 
     def chunk(self, piece: Optional[str], finish: Optional[str] = None, first: bool = False,
-              lps: Optional[list] = None) -> dict:
+              lps: Optional[list] = None, spans: Optional[list] = None) -> dict:
+        """One SSE chunk. ``spans``: the piece split by token with who chose each token, sent as
+        the extension field ``moa_pieces`` ([[text, origin, index], ...]; OpenAI clients ignore
+        unknown fields; the chat page highlights drafted tokens with it)."""
         lp = self.logprobs.part(lps) if self.logprobs and lps else None
         if self.chat:
             delta: dict = {"role": "assistant", "content": ""} if first else ({} if piece is None else {"content": piece})
             choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": piece or "", "logprobs": lp, "finish_reason": finish}
-        return {**self._head(True), "choices": [choice]}
+        out = {**self._head(True), "choices": [choice]}
+        if spans:
+            out["moa_pieces"] = spans
+        return out
 
 
 def _prefix_key(srv: Server, params: GenParams) -> Any:
@@ -312,12 +327,12 @@ async def _stream(srv: Server, job: Job, out: _Completion, include_usage: bool) 
                     held.append(ev[2])
                     if may_be_call(out.tools, "".join(held)):
                         continue
-                    ev = (ev[0], ev[1], "".join(held), ev[3])
+                    ev = (ev[0], ev[1], "".join(held), ev[3], None)
                     held = None
                 if ev[2] or (ev[3] and out.logprobs):
                     # a piece's tokens travel with it (text held back for a stop string or a
                     # multi-byte character may come a chunk later than its tokens' logprobs)
-                    yield _sse(out.chunk(ev[2], lps=ev[3]))
+                    yield _sse(out.chunk(ev[2], lps=ev[3], spans=ev[4] if ev[2] else None))
                 continue
             if ev[0] == "error":
                 yield _sse(_error_of(ev[1]).body())
@@ -383,6 +398,7 @@ def create_app(settings: ServerSettings, sessions: list) -> Starlette:
         *TextUtilities(srv).routes(),
         *srv.metrics.routes(),
         *RemoteAPI(srv).routes(),
+        *ChatPage(srv).routes(),
     ], exception_handlers={APIError: api_error, HTTPException: http_error,
                            ClientDisconnect: client_gone, Exception: server_error})
     app.state.server = srv

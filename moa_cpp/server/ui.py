@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-PUBLIC_PATHS = frozenset({"/", "/ui/chat.js", "/ui/chat.css"})
+PUBLIC_PATHS = frozenset({"/", "/ui/chat.js", "/ui/chat.css", "/favicon.ico"})
 
 _FILES = {"/": ("index.html", "text/html; charset=utf-8"),
           "/ui/chat.js": ("chat.js", "text/javascript; charset=utf-8"),
@@ -40,7 +40,10 @@ class ChatPage:
 
     def routes(self) -> list:
         return [Route(path, self._file, methods=["GET"]) for path in self.files] + \
-            [Route("/props", self.props, methods=["GET"])]
+            [Route("/favicon.ico", self._no_icon, methods=["GET"]), Route("/props", self.props, methods=["GET"])]
+
+    async def _no_icon(self, request: Request) -> Response:
+        return Response(status_code=204)     # browsers ask for one; none is shipped
 
     async def _file(self, request: Request) -> Response:
         body, media = self.files[request.url.path]

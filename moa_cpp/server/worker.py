@@ -2,7 +2,8 @@
 long generations), reporting to the request's coroutine through an asyncio queue.
 
 Events, in order: ``("ready", n_prompt)`` once the prompt is encoded and fits (or
-``("error", exc)``), then ``("piece", token_ids, text, logprobs)`` per verified step, then
+``("error", exc)``), then ``("piece", token_ids, text, logprobs, spans)`` per verified step (spans: the text split by
+token, with who chose each: :mod:`moa_cpp.token_spans`), then
 ``("done", stats)`` or ``("error", exc)``. Cancelling (client gone, shutdown) takes effect after
 the current step; the session is given back the moment the thread stops using it.
 """
@@ -89,7 +90,7 @@ class Job:
                                   ignore_eos=p.ignore_eos, logprobs=p.logprobs, **p.sampling)
             try:
                 for piece in it:
-                    self._put("piece", list(piece.tokens), piece.text, piece.logprobs)
+                    self._put("piece", list(piece.tokens), piece.text, piece.logprobs, piece.spans)
                     if self.cancelled.is_set():
                         self._put("cancelled")
                         return
