@@ -20,7 +20,7 @@ Adding an architecture: a row here and a row in ``native/src/moa-target-arch.cpp
 - :func:`unpermute_rows` / :func:`unpermute_last_axis`: llama.cpp's converter permutes the Q/K
   rows of NORM-RoPE models per head (``convert_hf_to_gguf.permute``): GGUF row 2i+j of a head
   holds HF row j*D/2+i. The trainer's torch target, the capture tests and TLI tests undo it
-  (the native loader and capture do the same in C++, moa-architecture.md §18).
+  (the native loader and capture do the same in C++, docs/drafter.md#k-permutation).
 """
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ class DrafterSpec:
 
     @property
     def lsa_width(self) -> int:
-        """W = 2 * H_kv * head_dim (spec §3.3)."""
+        """W = 2 * H_kv * head_dim (docs/drafter.md#target-kv)."""
         return 2 * self.target_kv * self.head_dim
 
     @property
@@ -76,7 +76,7 @@ class DrafterSpec:
         return bad
 
     def hf_shapes(self) -> dict[str, tuple[int, ...]]:
-        """HF tensor name -> PyTorch shape ``[out, in]`` of the 29 tensors (spec §15.2)."""
+        """HF tensor name -> PyTorch shape ``[out, in]`` of the 29 tensors (docs/drafter.md#shapes)."""
         d, W, D, Dl = self.d, self.lsa_width, self.head_dim, self.lsa_head_dim
         mods = {"self_attention.": (d, self.n_head * D, self.sa_kv * D, self.sa_ffn),
                 "cross_attention.": (d, self.n_head * D, self.ca_kv * D, self.ca_ffn),

@@ -1,10 +1,10 @@
 """Randomly initialised MoA drafters sized for a real target GGUF (tests, benchmarks, and the
 starting point of a trainer).
 
-:func:`make_random_checkpoint` writes a Format-B-like training snapshot (spec §17.2): the
+:func:`make_random_checkpoint` writes a Format-B-like training snapshot (docs/drafter.md#checkpoint-formats): the
 target's ``config.json`` values plus the keys the converter reads for non-reference targets
 (``head_dim``, ``layer_self_attention_num_attention_heads``, ``embedding_scale``) and a
-``model.safetensors`` with the 29 drafter tensors (spec §17.1). :func:`make_random_drafter`
+``model.safetensors`` with the 29 drafter tensors (docs/gguf-format.md#tensors). :func:`make_random_drafter`
 converts such a snapshot to a drafter GGUF.
 
 Sizes come from :func:`moa_cpp.drafter_spec.spec_from_target` (defaults documented there).

@@ -1,11 +1,11 @@
 """The target model: a llama.cpp context whose every decode also captures per-layer K/V.
 
-:class:`Target` is the only place that touches llama-cpp-python (spec/style-anchors.md,
-lesson 14), with two helpers: :mod:`moa_cpp.chat_template` (prompts from chat messages) and
+:class:`Target` is the only place that touches llama-cpp-python (docs/llama-cpp.md#own-context),
+with two helpers: :mod:`moa_cpp.chat_template` (prompts from chat messages) and
 :mod:`moa_cpp.text_stream` (streamed text); llama.cpp's process-wide log state is
 :mod:`moa_cpp.llama_log`'s. It creates its **own** ``llama_context`` on the model through the
 low-level API, because ``cb_eval`` can only be set at context creation and ``Llama(...)`` does not expose it
-(spec/llama-cpp-integration.md §4.3, §8.3). The eval callback is the native
+(docs/llama-cpp.md#own-context). The eval callback is the native
 ``moa_capture_eval_cb``, so no Python runs per graph node.
 
 Example::
@@ -247,7 +247,7 @@ class Target:
         rope = llama_cpp.llama_model_rope_type(self._model)
         self.rope_type: str = _ROPE_TYPES.get(rope, f"other({rope})")
 
-        # NORM rope: llama.cpp's converter permuted the K rows per head (moa-architecture.md §18).
+        # NORM rope: llama.cpp's converter permuted the K rows per head (docs/drafter.md#k-permutation).
         self._cap = check_ptr(lib.moa_capture_init(self.n_layer, self.rope_type == "norm"), "moa_capture_init")
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -433,8 +433,8 @@ class Target:
             tokens: token ids.
             positions: per-token positions (default: ``n_past, n_past + 1, ...``).
             seq_ids: per-token sequence id or list of ids (default: all in sequence 0). A token
-                in several sequences is visible to all of them (tree verification, integration
-                spec §6).
+                in several sequences is visible to all of them (tree verification,
+                docs/llama-cpp.md#batch-verification).
             capture: capture K/V of every row for :meth:`captured_lsa_in`. Rows captured by an
                 earlier decode are discarded either way.
 
@@ -486,7 +486,7 @@ class Target:
     def captured_lsa_in(self, rows: Optional[Sequence[int]] = None) -> np.ndarray:
         """LSA input ``[n_rows, n_layer, W]`` (F32) of the latest decode's batch rows ``rows``
         (default: all), head-interleaved ``[K_h | V_h]`` in HF layout (K un-permuted for NORM
-        rope), W = 2 * n_head_kv * head_dim (moa-architecture.md §3.3)."""
+        rope), W = 2 * n_head_kv * head_dim (docs/drafter.md#target-kv)."""
         n_avail = self.n_captured
         idx = np.arange(n_avail, dtype=np.int32) if rows is None else np.ascontiguousarray(rows, dtype=np.int32)
         out = np.empty((len(idx), self.n_layer, self.lsa_width), dtype=np.float32)

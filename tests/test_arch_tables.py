@@ -4,7 +4,7 @@ The Python table is ``moa_cpp/arch.py`` (TARGET_ARCHS), the C++ one ``native/src
 (read through ``moa_target_arch_count / _name / _flags``). Layers that support only some
 architectures say so by a flag of the table, never by a list of their own:
 
-- TLI N > 0 (native loader): ``tli`` -- llama only (a plain llama block, moa-architecture.md §10.3);
+- TLI N > 0 (native loader): ``tli`` -- llama only (a plain llama block, docs/drafter.md#tli);
 - the K/V capture: ``capture`` -- verified on llama, qwen2, gemma3 (the tests' targets);
 - the trainer's torch target: ``torch_target`` -- llama, qwen2;
 - the converter's training snapshots (Format B): ``snapshot_model_type`` -- llama, qwen2;

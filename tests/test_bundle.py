@@ -1,4 +1,4 @@
-"""The client bundle of client-server mode (issue 11, spec/client-server.md §1.3): `moa-cpp bundle`
+"""The client bundle of client-server mode (issue 11, docs/client-server.md#bundle): `moa-cpp bundle`
 writes a client-role drafter (no LSA / Ekv2E / CA k,v; the token embedding bundled), a tensorless
 vocab GGUF and a manifest. The client-role model drafts bit for bit like the full drafter given
 the same CA K/V; the vocab GGUF tokenizes like the target; a damaged bundle is refused; a client
@@ -81,7 +81,7 @@ def test_bundle_layout_and_sizes(files, bundle_dir):
     embd = tensor_rows(target, gguf_info(target), "token_embd.weight")[0].nbytes
     csize, vsize = client.stat().st_size, (bundle_dir / B.VOCAB_FILE).stat().st_size
     dsize, tsize = sum(size.values()), os.path.getsize(target)
-    # LSA + Ekv2E + CA k/v (spec §1.3) from the drafter's own sizes: 2-D weights Q8_0 (34 bytes per
+    # LSA + Ekv2E + CA k/v (docs/client-server.md#bundle) from the drafter's own sizes: 2-D weights Q8_0 (34 bytes per
     # 32), norms and bias F32 (1.18 MB for the shipped LSA FFN 192; 1.42 MB at FFN 384)
     k = gguf_info(drafter).kv
     W, d, F = k["moa.lsa.embedding_length"], k["moa.embedding_length"], k["moa.lsa.feed_forward_length"]

@@ -351,7 +351,7 @@ def test_hub_repo_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         convert("org/other", tmp_path / "x.gguf", progress=False)
 
 
-# ---------------------------------------------------------------- non-reference targets (spec §15.3)
+# ---------------------------------------------------------------- non-reference targets (docs/drafter.md#other-targets)
 
 def _spec(**kw: Any) -> "DrafterSpec":
     """A fixture-sized drafter spec (d 64, H 4, D 16, 2 KV heads, 4 layers) with overrides."""
@@ -375,7 +375,7 @@ def test_lsa_head_count_key(tmp_path: Path) -> None:
     meta, _ = read_gguf(convert(ckpt, tmp_path / "o.gguf", target_gguf=TARGET, progress=False))
     assert (meta[Keys.LSA_HEAD_COUNT], meta[Keys.LSA_KEY_LENGTH], meta[Keys.LSA_HEAD_COUNT_KV]) == (2, 32, 1)
     assert meta[Keys.HEAD_COUNT] == 4 and meta[Keys.LSA_WIDTH] == 64
-    # Head counts cannot be derived from shapes (spec §15.2): without the key the same tensors
+    # Head counts cannot be derived from shapes (docs/drafter.md#sizes-from-shapes): without the key the same tensors
     # read as the reference 4 heads x 16 with 2 KV heads. The config key is what decides.
     _edit_config(ckpt, layer_self_attention_num_attention_heads=None)
     meta, _ = read_gguf(convert(ckpt, tmp_path / "h.gguf", progress=False))

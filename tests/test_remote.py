@@ -296,7 +296,7 @@ def _msg(server, sid, body: dict) -> dict:
 
 @pytest.mark.model
 def test_resync_verifies_a_long_chain_in_pieces(server, plain):
-    """A resync (spec §3.3) of 140 tokens, more than one 63-row batch, in ONE request: the server
+    """A resync (docs/client-server.md#resync) of 140 tokens, more than one 63-row batch, in ONE request: the server
     verifies it in pieces up to the first rejection. Its answer equals what three ordinary verifies
     of the same tokens answer: the same accepted count, tokens and CA rows (bit-identical: the same
     batches); a chain wrong at token 100 stops there, the target's own token after it."""

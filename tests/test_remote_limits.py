@@ -246,7 +246,7 @@ def test_sessions_per_key(keyed):
 
 
 def test_a_failure_inside_a_cycle_closes_the_session(monkeypatch):
-    """Issue 24 item 3 / spec §4: an unexpected exception inside verify answered 500 and kept the
+    """Issue 24 item 3 / docs/client-server.md#security: an unexpected exception inside verify answered 500 and kept the
     session (its state unknown). Now the session is closed and its pool session freed; the
     client's next call gets 404 and reopens by replay. (In-process app: the failure is injected.)"""
     from starlette.testclient import TestClient

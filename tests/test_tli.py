@@ -2,7 +2,7 @@
 
 The reference runs the target's last N layers (weights read from target-f32.gguf with gguf-py,
 q/k rows un-permuted to HF order) on the drafter's CA output z, train-consistently
-(moa-architecture.md §10.3): each drafted row's attention sees the target's own K/V of the
+(docs/drafter.md#tli): each drafted row's attention sees the target's own K/V of the
 verified prompt (golden target_k / target_v) plus the k/v of the drafted rows on its path.
 Tolerance: relative error 1e-4 of the logits (F32 everywhere).
 """

@@ -156,7 +156,7 @@ def test_lsa_row_chunks_equal_one_call(fixture_dir: Path, monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("n_tli", [1, 2])
 def test_torch_tli_head_matches_native_engine(fixture_dir: Path, tmp_path: Path, n_tli: int) -> None:
-    """TLI N trains the computation the engine runs (spec §10.3): the torch training forward in
+    """TLI N trains the computation the engine runs (docs/drafter.md#tli): the torch training forward in
     inference position (root after the prompt, then one chained draft) gives the native drafter's
     logits for the same checkpoint converted with ``tli=N`` (F32 fixture, rel 1e-4)."""
     from safetensors.numpy import load_file

@@ -1,4 +1,4 @@
-"""HF MoA checkpoint -> MoA drafter GGUF (spec §17; format in docs/gguf-format.md).
+"""HF MoA checkpoint -> MoA drafter GGUF (docs/drafter.md#checkpoint-formats; format in docs/gguf-format.md).
 
 Modules: ``source`` (local dir or hub id), ``safetensors_io`` (F32/F16/BF16 -> float32),
 ``layouts`` (Format A / B detection, name map, sizes from shapes), ``target_gguf`` (target
@@ -116,7 +116,7 @@ def _metadata(hp: Hparams, source_format: str, n_layers: int, tli: int,
         Keys.LSA_HEAD_COUNT_KV: hp.lsa_kv,
         Keys.LSA_KEY_LENGTH: hp.lsa_key_length,
         Keys.LSA_FFN: hp.lsa_ffn,
-        Keys.LSA_INPUT_LAYOUT: "hf",        # LSA expects HF-ordered K (no §18(b) fold)
+        Keys.LSA_INPUT_LAYOUT: "hf",        # LSA expects HF-ordered K (no weight fold: docs/gguf-format.md#conventions)
         Keys.SA_ROPE_SCALING: "none",       # scaled checkpoints are rejected
         Keys.SOURCE_FORMAT: source_format,
     }

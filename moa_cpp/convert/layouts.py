@@ -1,5 +1,5 @@
 """Checkpoint layouts (Format A ``moa_spec`` / Format B training snapshot), name mapping and
-derivation of every drafter size from tensor shapes (spec §15.2, §17.2)."""
+derivation of every drafter size from tensor shapes (docs/drafter.md#sizes-from-shapes, #checkpoint-formats)."""
 from __future__ import annotations
 
 import json
@@ -195,7 +195,7 @@ def _sa_head_dim(dv: _Derivation, H: int) -> int:
     q_out = dv.shape("sa.attn_q.weight")[0]
     cfg_hd = dv.positive_int("head_dim")
     if cfg_hd is not None:
-        # Targets whose head dim is not d/H (Gemma-3: 256 vs 640/4, spec §15.3) size SA/CA by it.
+        # Targets whose head dim is not d/H (Gemma-3: 256 vs 640/4, docs/drafter.md#other-targets) size SA/CA by it.
         D = cfg_hd
         src["key_length"] = "config.json head_dim"
         if q_out != H * D:
@@ -214,7 +214,7 @@ def _lsa_heads(dv: _Derivation, H: int, W: int) -> tuple[int, int]:
     """LSA query heads and head dim (H_l, D_l)."""
     src = dv.src
     # The reference LSA uses the target's H query heads; other targets may need another count
-    # because W / H must be an even integer (SmolLM2-135M: W = 384, H = 9; spec §15.3).
+    # because W / H must be an even integer (SmolLM2-135M: W = 384, H = 9; docs/drafter.md#other-targets).
     H_l = H
     src["lsa_head_count"] = "= head_count (reference: LSA uses the target's query heads)"
     if dv.cfg.get("layer_self_attention_num_attention_heads") is not None:
@@ -291,7 +291,7 @@ def _check_config_values(dv: _Derivation, source_format: str, checks: dict[str, 
 
 
 def derive_hparams(layout: Layout, fallback: dict[str, Any] | None = None) -> Hparams:
-    """Derive every size from tensor shapes (spec §15.2) and check all 29 shapes and the config.
+    """Derive every size from tensor shapes (docs/drafter.md#sizes-from-shapes) and check all 29 shapes and the config.
 
     ``fallback`` (from the target GGUF) supplies head_count / rms_eps / rope_theta / vocab_size
     only when the config lacks them. Raises FormatError listing every problem.
@@ -308,7 +308,7 @@ def derive_hparams(layout: Layout, fallback: dict[str, Any] | None = None) -> Hp
     src["d"] = "sa.attn_q.weight in-features"
     D = _sa_head_dim(dv, H)
     if H and D and H * D != d:
-        log.info("SA/CA head dim %d != d / H = %d / %d (non-reference target, spec §15.3)", D, d, H)
+        log.info("SA/CA head dim %d != d / H = %d / %d (non-reference target, docs/drafter.md#other-targets)", D, d, H)
     W = dv.shape("lsa.attn_q.weight")[0]
     src["lsa_width"] = "lsa.q_proj.out"
     src["config_block_count"] = "snapshot config num_hidden_layers (target L)"

@@ -16,7 +16,7 @@ from .layouts import Hparams
 
 log = logging.getLogger(__name__)
 
-# llama.cpp architectures whose K rows are permuted by convert_hf_to_gguf (NORM RoPE, spec §18):
+# llama.cpp architectures whose K rows are permuted by convert_hf_to_gguf (NORM RoPE, docs/drafter.md#k-permutation):
 # the rows of moa_cpp.arch's table with qk_permuted.
 NORM_ROPE_ARCHS = names_where("qk_permuted")
 
@@ -147,6 +147,6 @@ def check_target(hp: Hparams, tg: TargetInfo) -> None:
                    f"target {tg.block_count}")
     if bad:
         raise MismatchError(f"drafter does not match target {tg.path}:\n  - " + "\n  - ".join(bad))
-    rope = ("NORM (K rows permuted; runtime un-permutes, spec §18)" if lookup(tg.arch).qk_permuted
+    rope = ("NORM (K rows permuted; runtime un-permutes, docs/drafter.md#k-permutation)" if lookup(tg.arch).qk_permuted
             else "not NORM-permuted")
     log.info("target GGUF matches the drafter; target arch %s: %s", tg.arch, rope)

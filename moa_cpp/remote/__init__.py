@@ -1,4 +1,4 @@
-"""Client-server MoA (paper §6; spec/client-server.md): the drafter on a client, the target on a
+"""Client-server MoA (paper §6; docs/client-server.md): the drafter on a client, the target on a
 server (``moa-cpp serve``). Needs no web framework: the client speaks HTTP with ``http.client``.
 
 - :mod:`.protocol` -- messages, the CA codec, validation (both sides);

@@ -1,4 +1,4 @@
-"""The client bundle of client-server MoA (spec/client-server.md §1.3): what a ``moa-cpp client``
+"""The client bundle of client-server MoA (docs/client-server.md#bundle): what a ``moa-cpp client``
 needs, and nothing of the server's (no target layers, no LSA / Ekv2E / CA k,v). This module is
 the bundle's identity and its reading and checking; writing one is :mod:`.bundle_write`
 (``moa-cpp bundle``, :mod:`moa_cpp.cli_bundle`), downloading one :mod:`.bundle_download`.

@@ -1,4 +1,4 @@
-"""The MoA client-server protocol, v1 (spec/client-server.md §2): message bodies, the CA payload
+"""The MoA client-server protocol, v1 (docs/client-server.md#protocol): message bodies, the CA payload
 codec and the validation every request passes before anything touches llama.cpp.
 
 Bodies are msgpack (``application/vnd.msgpack``) or JSON (``application/json``; binary fields as

@@ -8,7 +8,7 @@ from typing import Any
 
 @dataclass
 class Event:
-    """What the user sees (spec §3.4). kind "tokens": ``ids`` at generated index ``pos``,
+    """What the user sees (docs/client-server.md#events). kind "tokens": ``ids`` at generated index ``pos``,
     ``verified`` or not; "confirm": ``n`` pending unverified tokens from ``pos`` became verified;
     "rollback": the last ``n`` unverified tokens (from ``pos``) are withdrawn; "status":
     ``state`` in connected / disconnected / reconnected / reopened / gave_up."""

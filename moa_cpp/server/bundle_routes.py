@@ -1,4 +1,4 @@
-"""The client bundle on ``moa-cpp serve`` (spec/client-server.md §1.3, §2.4):
+"""The client bundle on ``moa-cpp serve`` (docs/client-server.md#bundle, docs/client-server.md#messages):
 
 - ``GET /moa/v1/bundle``: the manifest of ``--bundle DIR`` (404 ``no_bundle`` without one);
 - ``GET /moa/v1/bundle/{file}``: one of the files the manifest names (nothing else is served);

@@ -231,7 +231,7 @@ class RemoteAPI:
             except APIError:
                 raise
             except Exception:
-                # its state is unknown now (spec §4): close it; the client reopens by replay
+                # its state is unknown now (docs/client-server.md#security): close it; the client reopens by replay
                 self._close(rs)
                 raise
             out["seq"] = seq

@@ -1,10 +1,10 @@
-"""Server side of the MoA client-server protocol (spec/client-server.md §1-§2): a remote
+"""Server side of the MoA client-server protocol (docs/client-server.md#split, docs/client-server.md#protocol): a remote
 session holds a pool session (its target context) from open to close; each verify runs one
 cycle of the ordinary :class:`SpeculativeLoop` whose proposer is the client's proposal, and
 answers the verdict plus the CA K/V of the verified rows (LSA -> mean -> Ekv2E -> CA k/v run
 here, ``DrafterState.compute_ca``; the client appends them).
 
-The state rule (spec §2.4): every verify carries ``(seq, n, root)``. A ``seq`` not above the
+The state rule (docs/client-server.md#state-rule): every verify carries ``(seq, n, root)``. A ``seq`` not above the
 last one is stale (409). ``n`` behind the server (its answer was lost) rolls the session back
 to ``n`` if ``root`` is the token the server has there; ``n`` ahead of it, or another root, is a
 409 ``state_mismatch`` (the client reopens). A reopen replays the verified tokens: the prompt is
@@ -177,7 +177,7 @@ def verify_cycle(rs: RemoteSession, tokens: np.ndarray, parents: np.ndarray, ans
 
 
 def resync_chain(rs: RemoteSession, tokens: np.ndarray, parents: np.ndarray) -> dict:
-    """A resync (spec §3.3): the client's unverified chain u_1..u_m, verified in pieces of at most
+    """A resync (docs/client-server.md#resync): the client's unverified chain u_1..u_m, verified in pieces of at most
     ``_CLIENT_SHAPE.total`` drafts (one batch each), up to the first rejection. A piece accepted
     whole ends in the target's own next token; where that is the chain's next token, the chain goes
     on from it (under sampling too: a point-mass draft is accepted with probability p(u), the

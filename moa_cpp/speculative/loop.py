@@ -2,7 +2,7 @@
 propose -> score (one target decode) -> verify -> commit, until EOG, max_tokens or the context
 is full. :meth:`SpeculativeLoop.run` drives both and yields each step's tokens.
 
-Bookkeeping per cycle (moa-architecture.md §12): the root (position n) is the last emitted
+Bookkeeping per cycle (docs/drafter.md#one-cycle): the root (position n) is the last emitted
 token, not yet decoded by the target. The verification decode writes the root and the draft
 nodes; after acceptance of a nodes the target keeps positions n..n+a, the drafter commits the
 K/V of those a+1 rows (LSA -> CA cache) and feeds their tokens to its SA context at the next

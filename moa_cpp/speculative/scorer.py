@@ -1,7 +1,7 @@
 """Scorer: ONE target decode over the root and every draft node, with K/V capture.
 
 Chains run in sequence 0. Trees use llama.cpp's multi-sequence batches over the unified KV
-cache (integration spec §6): every leaf gets its own sequence id and each node belongs to the
+cache (docs/llama-cpp.md#batch-verification): every leaf gets its own sequence id and each node belongs to the
 sequences of the leaves below it, so a node attends exactly to the context, its ancestors and
 itself; verified tokens (the root, any carried tokens) belong to sequence 0 and every leaf.
 

@@ -10,8 +10,8 @@ importing this package, ``data``, ``sharegpt`` or ``vocab`` does not):
 - :mod:`moa_cpp.train.target_torch`: the frozen GGUF target re-run in PyTorch (features).
 - :mod:`moa_cpp.train.model`: the drafter in PyTorch (HF tensor names, Format-B save).
 - :mod:`moa_cpp.train.vocab`: the reduced draft vocabulary (top-V response tokens, ``d2t``).
-- :mod:`moa_cpp.train.masks`: the T-step-bounded CA and staircase SA masks (spec §21.3).
-- :mod:`moa_cpp.train.trainer`: the §21 recipe's loop (:class:`Trainer`: schedule, resume, checkpoints), with
+- :mod:`moa_cpp.train.masks`: the T-step-bounded CA and staircase SA masks (docs/drafter.md#training-masks).
+- :mod:`moa_cpp.train.trainer`: the recipe's loop (:class:`Trainer`: schedule, resume, checkpoints), with
   its parts: :mod:`~moa_cpp.train.settings` (``TrainSettings``, LR schedule), :mod:`~moa_cpp.train.devices`
   (device, bf16), :mod:`~moa_cpp.train.optim` (AdamW / Muon), :mod:`~moa_cpp.train.features` (target
   features), :mod:`~moa_cpp.train.packing` and :mod:`~moa_cpp.train.batches` (batches),

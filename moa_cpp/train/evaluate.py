@@ -5,7 +5,7 @@ On held-out greedy samples, with CA bounded at every 5th position (a chain-4 cyc
 drafts), the drafter's argmax at each row is compared with the target's; ``tau`` = 1 + mean run of
 agreements from each boundary (<= 4), the expected tokens per target call of greedy chain-4
 speculation if llama.cpp's target agreed with the F32 one. TLI N > 0 runs the target's last N
-layers on ``z`` as the engine does (§10.3).
+layers on ``z`` as the engine does (docs/drafter.md#tli).
 """
 from __future__ import annotations
 

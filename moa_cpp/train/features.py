@@ -94,7 +94,7 @@ def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = N
                      resid_layer: Optional[int] = None) -> FeatureStore:
     """Run the torch target over every sample once (cached in ``cache_dir`` when given).
 
-    ``bf16``: bf16 autocast (the reference also ran its target in bf16, spec §3.4); ~5x faster on
+    ``bf16``: bf16 autocast (the reference also ran its target in bf16, docs/drafter.md#target-kv); ~5x faster on
     this CPU. Runs on ``tt``'s device (move it with ``tt.to("cuda")``); features are stored on the host.
     ``resid_layer``: also keep the residual stream entering that layer (TLI N: ``L - N``); with a
     cache holding the rest already, only that is computed (another target pass).

@@ -1,4 +1,4 @@
-"""The training loss of the recipe (spec §21.2, :func:`loss_fn`) and the rows it may leave out
+"""The training loss of the recipe (docs/training.md#recipe, :func:`loss_fn`) and the rows it may leave out
 (:func:`off_target_rows`, :func:`off_path_rows`: draft paths holding a token the target would not
 have chosen)."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ __all__ = ["loss_fn", "off_path_rows", "off_target_rows"]
 def loss_fn(model: MoaDrafter, b: dict[str, torch.Tensor], T: torch.Tensor, stair: torch.Tensor,
             ce_weight: float, bf16: bool, skip_padding: bool = True,
             max_depth: int = 0, mask_off_target: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss over response positions (spec §21.2): TLI 0 ``0.1 * softCE + SmoothL1(z, h)``; TLI N
+    """Loss over response positions (docs/training.md#recipe): TLI 0 ``0.1 * softCE + SmoothL1(z, h)``; TLI N
     ``0.1 * softCE + 0.5 * SmoothL1(final, h) + 0.5 * SmoothL1(z, resid_{L-N})``, where ``final``
     is the post-norm output of the target's last N layers run on ``z`` (:meth:`MoaDrafter.head_input`).
     ``skip_padding``: no LSA on right padding (exact: no real row attends it). ``max_depth`` > 0:

@@ -1,4 +1,4 @@
-"""T-step-bounded attention masks for teacher-forced drafter training (spec §21.3).
+"""T-step-bounded attention masks for teacher-forced drafter training (docs/drafter.md#training-masks).
 
 Position ``i`` is *verified* if it is a prompt (or padding) position or ``i % T == 0``;
 ``start(i)`` is the last verified position ``<= i``. CA row ``i`` sees keys ``j <= start(i)``

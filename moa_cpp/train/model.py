@@ -1,6 +1,6 @@
-"""The MoA drafter in PyTorch (TLI 0), with the reference's tensor names (spec §17.1).
+"""The MoA drafter in PyTorch (TLI 0), with the reference's tensor names (docs/gguf-format.md#tensors).
 
-One forward covers a whole teacher-forced sequence (spec §21.2): every position ``i`` gets a CA
+One forward covers a whole teacher-forced sequence (docs/training.md#recipe): every position ``i`` gets a CA
 key/value from the target's K/V at ``i`` (LSA -> mean -> Ekv2E -> CA input norm -> k/v, RoPE ``i``)
 and a query row from ``token_embd[x_i]`` (SA -> CA -> target LM head, no final norm). The masks
 (:mod:`moa_cpp.train.masks`) decide what each row sees; with the T-step-bounded CA mask this is
@@ -32,7 +32,7 @@ __all__ = ["MoaDrafter", "DecoderLayer", "spec_from_config"]
 
 
 class RMSNorm(nn.Module):
-    """``w * x / sqrt(mean(x^2) + eps)`` (spec §16)."""
+    """``w * x / sqrt(mean(x^2) + eps)`` (docs/drafter.md#numerics)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -87,7 +87,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[to
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm Llama decoder layer (SA and LSA; spec §4, §7)."""
+    """Pre-norm Llama decoder layer (SA and LSA; docs/drafter.md#lsa, #sa)."""
 
     def __init__(self, width: int, heads: int, kv_heads: int, head_dim: int, ffn: int, eps: float) -> None:
         super().__init__()
@@ -109,7 +109,7 @@ class DecoderLayer(nn.Module):
 
 
 class CrossAttentionLayer(DecoderLayer):
-    """CA layer (spec §6, §8): query from the SA output, K/V from the normed Ekv2E output, one
+    """CA layer (docs/drafter.md#ca-cache, #ca): query from the SA output, K/V from the normed Ekv2E output, one
     shared ``input_layernorm``; K RoPE at the verified token's position, Q at the row's."""
 
     def kv(self, e: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,7 +170,7 @@ class MoaDrafter(nn.Module):
     def init_weights(self, seed: int, std: float = 0.02) -> None:
         """Reference init: N(0, std) for every Linear weight (biases 0); RMSNorm weights 1.
 
-        (The reference also draws RMSNorm weights from N(0, 0.02), spec §21.4 "a quirk"; a unit
+        (The reference also draws RMSNorm weights from N(0, 0.02), "a quirk", docs/training.md#recipe; a unit
         norm trains faster from scratch and is what a converged layer looks like.)"""
         g = torch.Generator().manual_seed(seed)
         for name, p in sorted(self.named_parameters()):
@@ -207,7 +207,7 @@ class MoaDrafter(nn.Module):
                     params[hf].copy_(w)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The 29 trainable tensors under their HF names (spec §17.1), plus ``draft_lm_head.weight``
+        """The 29 trainable tensors under their HF names (docs/gguf-format.md#tensors), plus ``draft_lm_head.weight``
         and the int64 ``d2t`` (absolute target ids) with a reduced draft vocabulary. Host copies on
         every device (``.cpu()`` alone would alias the live parameters of a CPU model)."""
         return {k: v.detach().to("cpu", dtype=v.dtype if k == "d2t" else torch.float32, copy=True).contiguous()
@@ -237,7 +237,7 @@ class MoaDrafter(nn.Module):
 
     def _lsa_pooled(self, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """LSA over ``rows`` ``[N, L, W]`` (one sequence of L layer rows per position, no mask,
-        §4), mean over the layers -> ``[N, W]``. SDPA's CUDA kernels fail once batch x heads
+        docs/drafter.md#lsa), mean over the layers -> ``[N, W]``. SDPA's CUDA kernels fail once batch x heads
         passes 65,535 (a 16k-token GPU batch has 16k LSA "sequences"): run in chunks under it."""
         step = max(1, _SDPA_MAX_BATCH // self.spec.lsa_heads)
         if rows.shape[0] <= step:
@@ -290,7 +290,7 @@ class MoaDrafter(nn.Module):
         return self.cross_attention.forward_ca(h, kc, vc, cos, sin, ca_mask)
 
     def attach_tli(self, target: "TorchTarget", n: int) -> None:
-        """Train for target layer inference N (spec §10): the target's last ``n`` layers and its
+        """Train for target layer inference N (docs/drafter.md#tli): the target's last ``n`` layers and its
         ``output_norm`` (frozen, not saved: the engine reads them from the target GGUF) run on
         ``z`` before the LM head (:meth:`head_input`)."""
         if not 0 < n < target.n_layer:
@@ -301,7 +301,7 @@ class MoaDrafter(nn.Module):
     def head_input(self, z: torch.Tensor, lsa_in: torch.Tensor, start: torch.Tensor,
                    positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The LM head's input: ``z`` at TLI 0; at TLI N the post-norm output of the target's last N
-        layers run on ``z`` train-consistently with the engine (spec §10.3): row ``i`` attends the
+        layers run on ``z`` train-consistently with the engine (docs/drafter.md#tli): row ``i`` attends the
         target's own K/V (from ``lsa_in``) of positions ``j <= start(i)`` and the drafted rows
         ``start(i) < j <= i`` (the root and its path at inference)."""
         if self.tli == 0:
@@ -319,12 +319,12 @@ class MoaDrafter(nn.Module):
         Hk, D = tg.n_head_kv, tg.head_dim
         g = z
         for li in range(tg.n_layer - self.tli, tg.n_layer):
-            kv = lsa_in[:, :, li].reshape(B, S, Hk, 2 * D)   # head-major K | V rows (spec §3.3)
+            kv = lsa_in[:, :, li].reshape(B, S, Hk, 2 * D)   # head-major K | V rows (docs/drafter.md#target-kv)
             g = tg.layer_forward(li, g, cos, sin, kv[..., :D].transpose(1, 2), kv[..., D:].transpose(1, 2), mask)
         return tg.final_norm(g)
 
     def logits(self, z: torch.Tensor) -> torch.Tensor:
-        """Target LM head on ``z`` over the whole target vocabulary (TLI 0: no output norm, §9)."""
+        """Target LM head on ``z`` over the whole target vocabulary (TLI 0: no output norm, docs/drafter.md#lm-head)."""
         return z @ self.lm_head.T
 
     def draft_logits(self, z: torch.Tensor) -> torch.Tensor:

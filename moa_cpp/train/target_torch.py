@@ -1,8 +1,8 @@
-"""The frozen target re-run in PyTorch from its GGUF weights (training features, spec §21.2).
+"""The frozen target re-run in PyTorch from its GGUF weights (training features, docs/training.md#features).
 
 The weights are read with gguf-py and dequantized with ``gguf.quants.dequantize`` to F32; the
 ``attn_q`` / ``attn_k`` rows that llama.cpp's converter permuted per head for NORM rope
-(moa-architecture.md §18) are un-permuted back to HF order, so the forward below is the plain HF
+(docs/drafter.md#k-permutation) are un-permuted back to HF order, so the forward below is the plain HF
 Llama forward (rotate-half RoPE) and its K is in HF layout, exactly what the drafter's LSA reads.
 
 Scope: the architectures ``moa_cpp.arch``'s table marks ``torch_target``: ``"llama"`` (SmolLM2,
@@ -63,7 +63,7 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 class TargetFeatures:
     """Per-token outputs of :meth:`TorchTarget.forward` (B = batch, S = tokens)."""
 
-    lsa_in: torch.Tensor    # [B, S, L, W] per-layer post-RoPE K | V, head-major, HF layout (spec §3.3)
+    lsa_in: torch.Tensor    # [B, S, L, W] per-layer post-RoPE K | V, head-major, HF layout (docs/drafter.md#target-kv)
     hidden: torch.Tensor    # [B, S, d] post-final-norm last hidden state
     logits: Optional[torch.Tensor]  # [B, S, V] (None unless requested)
     resid: Optional[torch.Tensor] = None  # [B, S, d] residual stream entering layer ``resid_layer`` (TLI)
@@ -183,7 +183,7 @@ class TorchTarget(torch.nn.Module):
 
         Keys/values are ``[k_ctx | the rows' own k]`` along the sequence axis (``k_ctx``/``v_ctx``
         ``[B, Hk, S_ctx, D]``, post-RoPE), ``mask`` ``[B, 1, S, S_ctx + S]`` (True = visible): the
-        TLI layers of moa-architecture.md §10.3, where the context is the target's own K/V.
+        TLI layers of docs/drafter.md#tli, where the context is the target's own K/V.
         """
         m = self.layers[li]
         B, S, _ = g.shape

@@ -1,10 +1,10 @@
-"""The training recipe of moa-architecture.md §21, scaled to a CPU-sized run.
+"""The training recipe of docs/training.md#recipe, scaled to a CPU-sized run.
 
 Per step (teacher forcing, one forward over whole sequences):
 
 - features of the frozen target (:class:`~moa_cpp.train.target_torch.TorchTarget`, computed once
   per sample and cached as F16 K/V rows + F32 post-norm hidden states);
-- masks of §21.3 (:mod:`moa_cpp.train.masks`): ``T ~ U{t_min..t_max}`` per sequence, staircase SA
+- training masks (:mod:`moa_cpp.train.masks`): ``T ~ U{t_min..t_max}`` per sequence, staircase SA
   with probability ``max(0, 1 - progress / 0.5)`` (the paper's ``1 - epoch / (E/2)`` with progress
   = step / total steps);
 - loss over response positions: ``0.1 * softCE(p_target, q_drafter) + SmoothL1(z, h)`` (TLI 0);

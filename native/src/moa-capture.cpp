@@ -1,8 +1,8 @@
 // Target K/V capture: an eval callback (cb_eval) that copies the target's post-RoPE K and its
 // V of every layer out of the llama.cpp graph while llama_decode runs.
 //
-// ref: ../shared/spec/llama-cpp-integration.md §4.3 (node names, scheduler protocol), §4.5 option (b);
-//      ../shared/spec/moa-architecture.md §3.3 (LSA row layout), §18.1 (K permutation).
+// ref: docs/llama-cpp.md#capture (node names, scheduler protocol, why the eval callback);
+//      docs/drafter.md#target-kv (LSA row layout), docs/drafter.md#k-permutation (K permutation).
 //
 // Protocol of ggml_backend_sched (ggml-backend.cpp, sched compute loop): for each split, every
 // node is first offered with ask = true; on true, the graph is computed up to that node, the
@@ -364,7 +364,7 @@ int32_t moa_capture_get(const moa_capture * cap, const int32_t * rows, int32_t n
         }
         const int64_t H = cap->n_head_kv, D = cap->head_dim, HD = H * D, W = 2 * HD;
         const int64_t half = D / 2;
-        // lsa_in [n_rows][n_layer][W]; per KV head h: [K_h (D) | V_h (D)] (moa-architecture.md §3.3).
+        // lsa_in [n_rows][n_layer][W]; per KV head h: [K_h (D) | V_h (D)] (docs/drafter.md#target-kv).
         for (int32_t i = 0; i < n_rows; ++i) {
             for (int32_t il = 0; il < cap->n_layer; ++il) {
                 const float * k   = cap->k[il].data() + (int64_t) rows[i] * HD;
@@ -374,7 +374,7 @@ int32_t moa_capture_get(const moa_capture * cap, const int32_t * rows, int32_t n
                     const float * kh = k + h * D;
                     float *       ok = out + h * 2 * D;
                     if (cap->unpermute_k) {
-                        // llama.cpp index 2i+j holds HF dim j*D/2+i (moa-architecture.md §18.1).
+                        // llama.cpp index 2i+j holds HF dim j*D/2+i (docs/drafter.md#k-permutation).
                         for (int64_t ii = 0; ii < half; ++ii) {
                             ok[ii]        = kh[2 * ii];
                             ok[half + ii] = kh[2 * ii + 1];

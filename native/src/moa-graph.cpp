@@ -22,7 +22,7 @@ ggml_tensor * moa_build_rope(const moa_graph & g, ggml_tensor * x, ggml_tensor *
 }
 
 ggml_tensor * moa_build_rope_ext(const moa_graph & g, ggml_tensor * x, ggml_tensor * pos, int n_dims, float base) {
-    // freq_scale 1, no YaRN extension: plain theta^(-2i/D) frequencies (§16).
+    // freq_scale 1, no YaRN extension: plain theta^(-2i/D) frequencies (docs/drafter.md#numerics).
     return ggml_rope_ext(g.ctx, x, pos, nullptr, n_dims, GGML_ROPE_TYPE_NEOX, 0, base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
 }
 
@@ -44,7 +44,7 @@ ggml_tensor * moa_view_v(ggml_context * ctx, ggml_tensor * vc, int64_t n, int64_
     return ggml_view_3d(ctx, vc, n, D, vc->ne[1] / D, vc->nb[1], vc->nb[1] * D, 0);
 }
 
-// ref: §10.3 (train-consistent TLI): the reused target layer attends to the target's own K/V
+// ref: docs/drafter.md#tli (train-consistent TLI): the reused target layer attends to the target's own K/V
 // of verified tokens plus the k/v of the drafted rows on this row's path.
 ggml_tensor * moa_build_tli_layer(const moa_graph & g, ggml_cgraph * gf, const moa_layer & L, ggml_tensor * x,
                                   ggml_tensor * pos, ggml_tensor * kc, ggml_tensor * vc, int64_t s0, int64_t n_kv,
@@ -79,7 +79,7 @@ ggml_tensor * moa_build_attn(const moa_graph & g, ggml_tensor * q, ggml_tensor *
     return ggml_reshape_2d(ctx, kqv, kqv->ne[0] * kqv->ne[1], kqv->ne[2] * kqv->ne[3]);  // [D*H, n_q*B]
 }
 
-// ref: §4 (LSA), §5 (mean, Ekv2E)
+// ref: docs/drafter.md#lsa, docs/drafter.md#ekv2e (mean, Ekv2E)
 ggml_tensor * moa_build_lsa_ekv2e(const moa_graph & g, const moa_model & m, ggml_tensor * x, ggml_tensor * layer_pos,
                                   ggml_tensor ** out_lsa, ggml_tensor ** out_mean) {
     ggml_context * ctx = g.ctx;

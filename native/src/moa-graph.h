@@ -1,6 +1,6 @@
 // Shared graph blocks (RMS norm, SwiGLU FFN, RoPE, attention) and the per-module builders.
 // Builders are pure functions over a no_alloc ggml context; shapes are in ggml ne order.
-// ref: ../shared/spec/moa-architecture.md §4-§9, §16.
+// ref: docs/drafter.md (#lsa to #lm-head, #numerics).
 #pragma once
 
 #include "moa-model.h"

@@ -268,7 +268,7 @@ void add_layer_tensors(tensor_list & out, const std::string & prefix, moa_layer 
 }
 
 // Rows of a llama-arch attn_q / attn_k weight are permuted per head by llama.cpp's converter
-// (GGUF row 2i+j holds HF row j*D/2+i, ref §18.1); undo it so the reused layers can run NEOX
+// (GGUF row 2i+j holds HF row j*D/2+i, ref docs/drafter.md#k-permutation); undo it so the reused layers can run NEOX
 // RoPE on HF-ordered q/k, consistent with the HF-layout K the capture delivers.
 void unpermute_rows(std::vector<uint8_t> & data, const ggml_tensor * t, int64_t head_dim) {
     const size_t row = ggml_row_size(t->type, t->ne[0]);
@@ -629,7 +629,7 @@ void check_tli_layers(const target_source & src, const std::string & tarch, cons
 }
 
 // TLI N > 0 runs the target's last N decoder layers: the architectures the target-arch table
-// marks tli (a plain llama block, ref §10.3).
+// marks tli (a plain llama block, ref docs/drafter.md#tli).
 void match_tli(const target_source & src, moa_hparams & hp) {
     if (hp.tli <= 0) return;
     const std::string tarch = src.file->str(src.prefix.empty() ? "general.architecture" : K::TARGET_ARCH,

@@ -36,7 +36,7 @@ struct moa_hparams {
     int32_t n_vocab        = 0;   // rows of the drafter's logits (< target vocab with a reduced head)
     int32_t tli            = 0;
     int32_t role           = 0;   // MOA_ROLE_FULL, or MOA_ROLE_CLIENT: no LSA / Ekv2E / CA k,v weights
-    // target decoder layers reused at TLI N > 0 (llama family; ref §10.3)
+    // target decoder layers reused at TLI N > 0 (llama family; ref docs/drafter.md#tli)
     int32_t t_n_head     = 0;
     int32_t t_rope_dims  = 0;
     float   t_rms_eps    = 1e-5f;

@@ -1,4 +1,4 @@
-// The drafter's state machine (ref: ../shared/spec/moa-architecture.md §6, §7, §12):
+// The drafter's state machine (ref: docs/drafter.md#state-machine):
 //
 //   commit(K/V of verified tokens, pos0)   target K/V -> LSA -> mean -> Ekv2E -> CA K/V, written
 //                                          at CA slots pos0.. (CA slot == absolute position).
@@ -146,7 +146,7 @@ void moa_state::check_commit_range(const char * who, int32_t n_tokens, moa_pos p
     }
 }
 
-// ref: §4-§6: LSA -> mean -> Ekv2E, then the CA K/V of that stream.
+// ref: docs/drafter.md#lsa, #ekv2e, #ca-cache: LSA -> mean -> Ekv2E, then the CA K/V of that stream.
 void moa_state::build_ca_kv(const moa_graph & g, ggml_tensor * x, ggml_tensor * lpos, ggml_tensor * pos,
                             ggml_tensor ** k, ggml_tensor ** v, ggml_tensor ** y, ggml_tensor ** mean,
                             ggml_tensor ** e) const {
@@ -154,7 +154,7 @@ void moa_state::build_ca_kv(const moa_graph & g, ggml_tensor * x, ggml_tensor * 
     ggml_context * ctx = g.ctx;
     const int64_t T = x->ne[2], D = hp.head_dim;
     *e = moa_build_lsa_ekv2e(g, m, x, lpos, y, mean);                          // [d, T]
-    // ref: §6 - the CA input norm is shared by the query stream and this K/V stream.
+    // ref: docs/drafter.md#ca-cache - the CA input norm is shared by the query stream and this K/V stream.
     ggml_tensor * u = moa_build_norm(g, *e, m.ca.attn_norm);                   // [d, T]
     *k = moa_build_rope(g, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.ca.wk, u), D, hp.ca_n_kv, T), pos);  // [D, h_ca, T]
     *v = ggml_mul_mat(ctx, m.ca.wv, u);                                        // [D*h_ca, T]
@@ -211,7 +211,7 @@ void moa_state::run_ca_chunks(const float * lsa_in, int32_t n_tokens, moa_pos po
     }
 }
 
-// ref: §4-§6, prefill step 2 and update step 2 of §12.
+// ref: docs/drafter.md#lsa .. #ca-cache; prefill and update steps of docs/drafter.md#one-cycle.
 void moa_state::commit(const float * lsa_in, int32_t n_tokens, moa_pos pos0, float * lsa_out, float * lsa_mean, float * ekv) {
     const moa_hparams & hp = m.hp;
     check_full_role("commit");
@@ -400,13 +400,13 @@ draft_graph build_draft_rows(const moa_state & s, const moa_graph & g, ggml_cgra
     ggml_tensor * xd = ggml_view_2d(ctx, sg.x, d, n_draft, sg.x->nb[1], (size_t) n_feed * sg.x->nb[1]);  // [d, nd]
     ggml_tensor * ad = ggml_view_2d(ctx, sg.a, d, n_draft, sg.a->nb[1], (size_t) n_feed * sg.a->nb[1]);  // [d, nd]
     const float scale = 1.0f / std::sqrt((float) D);
-    // SA (ref §7)
+    // SA (ref docs/drafter.md#sa)
     ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.sa.wq, ggml_cont(ctx, ad)), D, hp.n_head, n_draft);
     q = ggml_permute(ctx, moa_build_rope(g, q, dg.pos), 0, 2, 1, 3);        // [D, nd, H]
     ggml_tensor * o = moa_build_attn(g, q, moa_view_k(ctx, s.sa_k, n_kv), moa_view_v(ctx, s.sa_v, n_kv, D), dg.mask, scale);  // [H*D, nd]
     ggml_tensor * h = ggml_add(ctx, xd, ggml_mul_mat(ctx, m.sa.wo, o));     // [d, nd]
     h = ggml_add(ctx, h, moa_build_ffn(g, m.sa, moa_build_norm(g, h, m.sa.ffn_norm)));
-    // CA (ref §8): query from the SA output at the row's own position; no mask.
+    // CA (ref docs/drafter.md#ca): query from the SA output at the row's own position; no mask.
     ggml_tensor * c = moa_build_norm(g, h, m.ca.attn_norm);
     ggml_tensor * qc = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, m.ca.wq, c), D, hp.n_head, n_draft);
     qc = ggml_permute(ctx, moa_build_rope(g, qc, dg.pos), 0, 2, 1, 3);      // [D, nd, H]
@@ -416,10 +416,10 @@ draft_graph build_draft_rows(const moa_state & s, const moa_graph & g, ggml_cgra
     dg.z = z;
     ggml_set_output(z);
     if (m.tli.empty()) {
-        // LM head on the CA output, no final norm at TLI 0 (ref §9).
+        // LM head on the CA output, no final norm at TLI 0 (ref docs/drafter.md#lm-head).
         dg.logits = ggml_mul_mat(ctx, m.output, z);                          // [n_vocab, nd]
     } else {
-        // TLI N: z enters the target's residual stream at layer L-N (ref §10.3).
+        // TLI N: z enters the target's residual stream at layer L-N (ref docs/drafter.md#tli).
         const int64_t n_kv_t = (int64_t) s.n_ca + n_pending + n_draft;    // TLI keys: verified + draft rows
         dg.mask_t = input(ctx, GGML_TYPE_F32, n_kv_t, n_draft);              // [n_kv_t, nd]
         ggml_tensor * hcur = z;
@@ -449,7 +449,7 @@ std::vector<float> ancestor_mask(int64_t n_keys, int64_t n_prefix, int32_t n_pen
 
 }  // namespace
 
-// ref: §7-§9 (SA, CA, LM head), §13 (tree levels as one call with an ancestor mask).
+// ref: docs/drafter.md#sa, #ca, #lm-head; docs/drafter.md#tree (tree levels as one call with an ancestor mask).
 // One graph for the call's feed tokens and draft rows: their SA K/V are computed together.
 void moa_state::run(int32_t n_feed, const moa_token * feed, int32_t n_draft, const moa_token * tokens,
                     const moa_pos * pos, const int32_t * parents, float * logits, float * hidden) {

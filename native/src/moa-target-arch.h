@@ -21,9 +21,9 @@ enum class embd_scale { one, sqrt_n_embd };
 
 struct target_arch {
     const char * name;        // general.architecture, as llama.cpp spells it
-    bool         qk_permuted; // NORM RoPE: llama.cpp's converter permuted Q/K rows per head (ref §18.1)
+    bool         qk_permuted; // NORM RoPE: Q/K rows permuted per head (docs/drafter.md#k-permutation)
     embd_scale   scale;       // Gemma graphs: ggml_scale(inpL, sqrtf(n_embd)) (src/models/gemma*.cpp)
-    bool         tli;         // TLI N > 0 can run its decoder layers (a plain llama block, ref §10.3)
+    bool         tli;         // TLI N > 0 can run its decoder layers (a plain llama block, ref docs/drafter.md#tli)
     bool         capture;     // the K/V capture is verified on its llama.cpp graph (tests)
     const char * k_node;      // "<k_node>-<il>" with op ROPE: the post-RoPE K of layer il
     const char * v_node;      // "<v_node>-<il>": V of layer il (the last such node of the layer)

@@ -1,4 +1,4 @@
-"""Proposers: the MoA drafter as a chain or an EAGLE-2 dynamic tree (moa-architecture.md §13, §14).
+"""Proposers: the MoA drafter as a chain or an EAGLE-2 dynamic tree (docs/drafter.md#tree, docs/drafter.md#chain).
 
 A proposer owns the drafter's SA bookkeeping: every cycle's first call feeds the tokens that
 became verified since the last cycle (K/V only) and drafts the root row.
@@ -131,7 +131,7 @@ class MoAProposer:
         return Proposal.chain(tokens, qs, draft_rows=rows)
 
     def _tree(self, root_logits: np.ndarray, pos: int, cfg: DraftConfig) -> Proposal:
-        """EAGLE-2 dynamic tree, as the reference builds it (§13.2)."""
+        """EAGLE-2 dynamic tree, as the reference builds it (docs/drafter.md#tree)."""
         K = cfg.topk
         lp = log_softmax(root_logits)
         first = topk_desc(lp, K)
@@ -169,7 +169,7 @@ class MoAProposer:
         parent_c = np.concatenate(cand_parent)
         total = min(cfg.total, all_tok.size)
         # Rank by (score desc, index asc): a parent always outranks its children, so the
-        # selection is ancestor-closed (§13.3).
+        # selection is ancestor-closed (docs/drafter.md#tree).
         sel = np.sort(np.lexsort((np.arange(all_score.size), -all_score))[:total])
         node_of = {int(c): i for i, c in enumerate(sel)}
         parents = np.array([-1 if parent_c[c] < 0 else node_of[int(parent_c[c])] for c in sel], np.int32)
