@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from .argtypes import positive
+from .cli_values import positive
 from .errors import InvalidArgumentError
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"

@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Optional
 
-from .argtypes import positive as _positive
+from .cli_values import positive as _positive
 from .cli_llama import add_llama_arguments, drafter_device, target_options
 from .defaults import add_spec_arguments
 from .errors import InvalidArgumentError

@@ -22,7 +22,7 @@ import argparse
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .argtypes import positive
+from .cli_values import positive
 from .errors import InvalidArgumentError
 
 CACHE_TYPES = ("f16", "f32", "q8_0")

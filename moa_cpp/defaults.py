@@ -44,7 +44,7 @@ def resolve_models(target, drafter, draft_model, no_draft: bool) -> tuple:
 
 def add_spec_arguments(p) -> None:
     """Who drafts and the n-gram sizes: the same flags on ``generate`` and ``serve``."""
-    from .argtypes import non_negative, positive
+    from .cli_values import non_negative, positive
     p.add_argument("--spec-type", metavar="TYPE[,TYPE]",
                    help="who drafts (llama.cpp's flag): moa (an MoA drafter), draft (a draft model), ngram (prompt "
                         "lookup: free, any GGUF), or a comma list merged into one tree, e.g. moa,ngram (default: moa "

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..argtypes import non_negative as _non_negative, port as _port, positive as _positive
+from ..cli_values import non_negative as _non_negative, port as _port, positive as _positive
 from ..defaults import add_spec_arguments
 
 

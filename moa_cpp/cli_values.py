@@ -1,4 +1,5 @@
-"""argparse value types shared by the CLI commands (clear messages for bad numbers)."""
+"""argparse value types shared by the CLI commands and the server settings (clear messages for bad
+numbers). Named for what they parse: command-line values (not ctypes' ``argtypes``)."""
 from __future__ import annotations
 
 import argparse
