@@ -46,6 +46,8 @@ class TargetArch:
     torch_target: bool = False  # moa_cpp.train.target_torch.TorchTarget implements its forward
     snapshot_model_type: Optional[str] = None  # HF config model_type of a Format B training
     #                             snapshot for this target that the converter accepts (None: none)
+    builtin_chat_template: Optional[str] = None  # llama.cpp built-in template for GGUFs of this
+    #                             family without tokenizer.chat_template (some Gemma-3 files)
 
 
 TARGET_ARCHS: tuple[TargetArch, ...] = (
@@ -56,13 +58,13 @@ TARGET_ARCHS: tuple[TargetArch, ...] = (
     # llama.cpp runs qwen2 with NEOX rope: its converter left the Q/K rows in HF order.
     TargetArch("qwen2", capture=True, torch_target=True, snapshot_model_type="qwen2"),
     # Every Gemma architecture llama.cpp 0.3.36 knows.
-    TargetArch("gemma", sqrt_embd_scale=True),
-    TargetArch("gemma2", sqrt_embd_scale=True),
-    TargetArch("gemma3", sqrt_embd_scale=True, capture=True),
-    TargetArch("gemma3n", sqrt_embd_scale=True),
-    TargetArch("gemma-embedding", sqrt_embd_scale=True),
-    TargetArch("gemma4", sqrt_embd_scale=True),
-    TargetArch("gemma4-assistant", sqrt_embd_scale=True),
+    TargetArch("gemma", sqrt_embd_scale=True, builtin_chat_template="gemma"),
+    TargetArch("gemma2", sqrt_embd_scale=True, builtin_chat_template="gemma"),
+    TargetArch("gemma3", sqrt_embd_scale=True, builtin_chat_template="gemma", capture=True),
+    TargetArch("gemma3n", sqrt_embd_scale=True, builtin_chat_template="gemma"),
+    TargetArch("gemma-embedding", sqrt_embd_scale=True, builtin_chat_template="gemma"),
+    TargetArch("gemma4", sqrt_embd_scale=True, builtin_chat_template="gemma"),
+    TargetArch("gemma4-assistant", sqrt_embd_scale=True, builtin_chat_template="gemma"),
 )
 
 _BY_NAME = {a.name: a for a in TARGET_ARCHS}

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 import llama_cpp
 
+from .arch import lookup
 from .errors import MoaError
 
 __all__ = ["apply_chat_template", "render_builtin", "render_chat_template"]
@@ -56,7 +57,7 @@ def apply_chat_template(template: Optional[str], messages: Sequence[dict], *, bo
     if template and ("{{" in template or "{%" in template):
         return render_chat_template(template, messages, bos, eos, add_generation_prompt, tools)
     # a llama.cpp built-in's name, or for GGUFs without tokenizer.chat_template the family's
-    name = template or ("gemma" if arch.startswith("gemma") else None)
+    name = template or lookup(arch).builtin_chat_template
     if name is None:
         raise MoaError(f"{model_name} has no chat template (tokenizer.chat_template); use a plain prompt")
     text = render_builtin(name, messages, add_generation_prompt)

@@ -64,6 +64,7 @@ def test_declared_subsets():
     assert layouts.SNAPSHOT_MODEL_TYPES == ("llama", "qwen2")
     assert target_gguf.NORM_ROPE_ARCHS == ("llama", "mistral", "granite", "deci")
     assert all(a.name.startswith("gemma") == a.sqrt_embd_scale for a in arch.TARGET_ARCHS)
+    assert all((a.builtin_chat_template == "gemma") == a.name.startswith("gemma") for a in arch.TARGET_ARCHS)
 
 
 def test_converter_reads_the_table():
@@ -121,7 +122,8 @@ def _python_literals(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("rel", ["moa_cpp/convert/__init__.py", "moa_cpp/convert/layouts.py",
-                                 "moa_cpp/convert/target_gguf.py", "moa_cpp/train/target_torch.py"])
+                                 "moa_cpp/convert/target_gguf.py", "moa_cpp/train/target_torch.py",
+                                 "moa_cpp/chat_template.py", "moa_cpp/target.py"])
 def test_python_layers_name_no_architecture(rel):
     """The layers read the table: no architecture name as a string of their own."""
     assert _python_literals(REPO / rel) == set()
