@@ -354,6 +354,10 @@ def _prompt_dataset(target: Path, tmp_path: Path, max_new_tokens: int):
     return ds
 
 
+# measured: 50 steps left tau 2.05-3.03 against the random 1.54 (not +1.0): 100 it is
+TINY_STEPS = 100
+
+
 def chain4_tau(target: Path, drafter: Path, prompts: list, max_tokens: int) -> float:
     """The native engine's greedy chain-4 tau of ``drafter`` over ``prompts`` (text or ids)."""
     from moa_cpp.generator import SpeculativeGenerator
@@ -405,7 +409,7 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
     fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False,
                           resid_layer=tt.n_layer - tli if tli else None)
     spec = spec_from_target(target, **FIXTURE_SIZES)
-    ts = TrainSettings(seed=0, steps=100, batch_tokens=512, lr=1e-2, holdout=3, eval_every=1000, ckpt_every=1000,
+    ts = TrainSettings(seed=0, steps=TINY_STEPS, batch_tokens=512, lr=1e-2, holdout=3, eval_every=1000, ckpt_every=1000,
                        threads=2, bf16=False, draft_vocab=draft_vocab, tli=tli)
     tr = Trainer(spec, tt, ds, fs, tmp_path, ts, log=lambda s: None)
     if draft_vocab:
@@ -418,8 +422,9 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
     with torch.no_grad():
         loss1 = float(loss_fn(tr.model, batch, T, stair, 0.1, False)[0])
     # TLI 1 measured 0.32x: its second regression (z vs the residual stream) fits slower
+    print(f"\n[tiny run] steps {TINY_STEPS}: loss ratio {loss1 / loss0:.3f}")
     assert loss1 < (0.5 if tli else 0.3) * loss0, (loss0, loss1)
-    assert summary["steps"] == 100
+    assert summary["steps"] == TINY_STEPS
     snap = tr.model.save(tmp_path / "snapshot")
     trained = convert(snap, tmp_path / "trained.gguf", outtype="f32", target_gguf=target, tli=tli, progress=False)
     rand = make_random_drafter(target, tmp_path / "random.gguf", outtype="f32", **FIXTURE_SIZES)
@@ -433,6 +438,7 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
 
     prompts = [ds.sample(i)[: int(ds.prompt_len[i])].tolist() for i in tr.train_idx[:8]]
     t_trained, t_random = (chain4_tau(target, d, prompts, 48) for d in (trained, rand))
+    print(f"[tiny run] chain-4 tau: trained {t_trained:.3f}, random {t_random:.3f}")
     assert t_trained > t_random + 1.0, (t_trained, t_random)
 
 
