@@ -139,14 +139,16 @@ class SpeculativeGenerator:
                      logprobs: Optional[int] = None, min_p: float = 0.0, repeat_penalty: float = 1.0,
                      frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
                      logit_bias: Optional[dict] = None, grammar: Any = None,
-                     cache_prompt: bool = True) -> Iterator[Piece]:
+                     cache_prompt: bool = True, token_spans: bool = False) -> Iterator[Piece]:
         """Yield a :class:`Piece` per cycle (new token ids, new text, and with ``logprobs`` = N
         the :class:`TokenLogprob` (N alternatives) of the tokens whose text this piece completes:
         logprobs travel with their text, so none is given for text a stop string cut off);
         stats in :attr:`last_stats`. ``grammar``: GBNF text or a ``llama_cpp.LlamaGrammar``
         (llama.cpp's grammar on every verification row: :mod:`moa_cpp.speculative.grammar`).
         ``cache_prompt`` (llama.cpp's name): decode only what follows the prefix this
-        generator's caches hold from its previous generation (a chat's earlier turns)."""
+        generator's caches hold from its previous generation (a chat's earlier turns).
+        ``token_spans``: fill :attr:`Piece.spans` (each piece split by token, with who chose each
+        token: :mod:`moa_cpp.token_spans`; the server's chat page asks for it)."""
         ids = self.encode(prompt, chat)
         self._last_prompt = ids
         sp = self._sampling(temperature, top_k, top_p, seed, ignore_eos, min_p, repeat_penalty, frequency_penalty,
@@ -157,30 +159,34 @@ class SpeculativeGenerator:
         stats = None
         render = self.target.text_stream()
         lps = PendingLogprobs(self.target)
-        spans = TokenSpans(self.target)
+        spans = TokenSpans(self.target) if token_spans else None
+
+        def split(text: str) -> list:
+            return spans.split(text) if spans is not None else []
         for ev in self.loop.run(ids, max_tokens, sp, cfg, logprobs, reuse=cache_prompt):
             stats = ev.stats
             if not ev.tokens:
                 continue
             full = render.extend(ev.tokens)
             lps.add(ev.logprobs)
-            spans.add(ev.tokens, ev.origins)
+            if spans is not None:
+                spans.add(ev.tokens, ev.origins)
             # search only where a stop string could newly start
             start = max(0, shown - max((len(s) for s in stop), default=0))
             hit = min((i for i in (full.find(s, start) for s in stop) if i >= 0), default=-1)
             if hit >= 0:
                 stats.finish_reason = "stop"
                 self.last_stats = stats
-                yield Piece(ev.tokens, full[shown:hit], lps.starting_before(full[:hit]), spans.split(full[shown:hit]))
+                yield Piece(ev.tokens, full[shown:hit], lps.starting_before(full[:hit]), split(full[shown:hit]))
                 return
             # hold back what may still become a stop string or a multi-byte character
             end = len(full) - held_back(full, stop)
             piece, shown = full[shown:max(shown, end)], max(shown, end)
-            yield Piece(ev.tokens, piece, lps.ending_within(full[:shown]), spans.split(piece))
+            yield Piece(ev.tokens, piece, lps.ending_within(full[:shown]), split(piece))
         if stats is not None:
             tail = render.extend([])[shown:]
             if tail or lps.pending:
-                yield Piece([], tail, lps.rest(), spans.split(tail))
+                yield Piece([], tail, lps.rest(), split(tail))
         self.last_stats = stats
 
     def _sampling(self, temperature: float, top_k: int, top_p: float, seed: Optional[int], ignore_eos: bool,

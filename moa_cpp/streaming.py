@@ -71,7 +71,8 @@ class Piece:
     tokens: list
     text: str
     logprobs: list            # TokenLogprob per token (empty unless asked for)
-    # ``text`` split at token boundaries: [[text, origin, index], ...] (moa_cpp.token_spans: who
+    # ``text`` split at token boundaries (only when asked: stream_steps(token_spans=True)):
+    # [[text, origin, index], ...] (moa_cpp.token_spans: who
     # chose each token, "target" or the proposer whose draft was accepted)
     spans: list = field(default_factory=list)
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from server_proc import ServerProc
+from server_proc import ServerProc, sse_events
 
 KEY = "page-key-1"
 PROMPT = "Repeat this sentence twice: The quick brown fox jumps over the lazy dog."
@@ -126,14 +126,9 @@ def _sse_chunks(server, body):
                   headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
         r = c.getresponse()
         assert r.status == 200
-        raw = r.read().decode()
+        return [e for e in sse_events(r) if e != "[DONE]"]
     finally:
         c.close()
-    out = []
-    for line in raw.split("\n"):
-        if line.startswith("data: ") and line != "data: [DONE]":
-            out.append(json.loads(line[6:]))
-    return out
 
 
 def test_stream_extension_moa_pieces(server):

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from ..errors import FormatError, MismatchError, MoaIOError
-from .gguf_info import gguf_info
+from ..errors import FormatError, MismatchError
+from .gguf_info import file_key, gguf_info
 
 CLIENT_FILE = "client.gguf"
 VOCAB_FILE = "vocab.gguf"
@@ -60,11 +60,7 @@ def tensor_data_sha256(path: Union[str, os.PathLike]) -> str:
     """sha256 (hex) of a GGUF file's tensor data section (from the data offset to the end): the
     weights, whatever the metadata says. Cached per (file, size, mtime) for this process."""
     p = Path(path)
-    try:
-        st = p.stat()
-    except OSError as e:
-        raise MoaIOError(f"'{p}': {e.strerror or e}") from None
-    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    key = file_key(p)
     if key not in _HASH_CACHE:
         off = gguf_info(p).data_offset
         h = hashlib.sha256()

@@ -27,14 +27,20 @@ class GGUFInfo:
     tensors: dict                    # name -> (ne tuple, ggml type, offset in the data section)
 
 
-def gguf_info(path: Union[str, os.PathLike]) -> GGUFInfo:
-    """The :class:`GGUFInfo` of ``path``; FormatError if it is not a readable GGUF file."""
-    p = Path(path)
+def file_key(p: Path) -> tuple:
+    """(resolved path, size, mtime): the key of this process's per-file caches (a file rewritten
+    in place gets a new key); MoaIOError if it cannot be read."""
     try:
         st = p.stat()
     except OSError as e:
         raise MoaIOError(f"'{p}': {e.strerror or e}") from None
-    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    return (str(p.resolve()), st.st_size, st.st_mtime_ns)
+
+
+def gguf_info(path: Union[str, os.PathLike]) -> GGUFInfo:
+    """The :class:`GGUFInfo` of ``path``; FormatError if it is not a readable GGUF file."""
+    p = Path(path)
+    key = file_key(p)
     if key not in _CACHE:
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.pop(next(iter(_CACHE)))

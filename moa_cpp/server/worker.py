@@ -87,7 +87,7 @@ class Job:
             self._put("ready", len(ids))
             it = gen.stream_steps(ids, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
                                   top_p=p.top_p, seed=p.seed, stop=p.stop, draft=p.draft,
-                                  ignore_eos=p.ignore_eos, logprobs=p.logprobs, **p.sampling)
+                                  ignore_eos=p.ignore_eos, logprobs=p.logprobs, token_spans=True, **p.sampling)
             try:
                 for piece in it:
                     self._put("piece", list(piece.tokens), piece.text, piece.logprobs, piece.spans)
