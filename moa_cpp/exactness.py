@@ -72,8 +72,9 @@ TEXTS = (
 # The windows follow each other in ONE token stream (prose, then code, then chat): window 0 has
 # FIRST_PREFIX tokens of context; each later one adds the rows tested before it plus NEW_CONTEXT
 # tokens of the next text, so the KV cache is filled incrementally (prefill is most of the
-# measurement's cost on a compute-bound CPU: 32 + 2 x (rows + 8) tokens instead of 32 + 72 + 120).
-FIRST_PREFIX = 32
+# measurement's cost on a compute-bound CPU: 16 + 2 x (rows + 8) tokens instead of 16 + 72 + 120;
+# 16 tokens of first context, not 32: that prefill was a seventh of the default calibration).
+FIRST_PREFIX = 16
 NEW_CONTEXT = 8
 # The search: every size up to 8, then 16, 32, 63 (bisecting after a failure among those).
 SMALL_STEPS = 8
@@ -174,9 +175,12 @@ def _search(win: _Window, plan: list[int], best: int, exhaustive: bool) -> tuple
     """Test ``plan``'s sizes in order up to the first failure, then bisect between the last
     exact and the first inexact size: (largest exact, first inexact or None, its max diff, sizes)."""
     good, bad, bad_diff, sizes = 0, None, 0.0, []
+    # references for several sizes at once (they are recomputed from row 0 when a size needs
+    # more): all sizes when exhaustive or when the whole plan is short (the default's 9 rows:
+    # 9 one-token decodes instead of 8 + 9), else the small steps
+    ahead = best if exhaustive or plan[-1] <= 2 * SMALL_STEPS else min(SMALL_STEPS, best)
     for b in plan:
-        # references for several sizes at once: all sizes (exhaustive) or the small steps
-        d = win.diffs(b, prefetch=best if exhaustive else min(SMALL_STEPS, best) if b <= SMALL_STEPS else 0)
+        d = win.diffs(b, prefetch=ahead if b <= max(SMALL_STEPS, ahead) else 0)
         sizes.append(b)
         if d.max() > 0:
             bad, bad_diff = b, float(d.max())
@@ -205,8 +209,10 @@ def measure_exact_rows(target: Target, max_rows: int = 63, *, n_texts: int = 3, 
     exact to 3 rows costs each window ~8 one-token decodes and 4 small batches. Sizes between the
     checkpoints are assumed to behave like their neighbours (llama.cpp's kernels switch at
     row-count thresholds); ``exhaustive=True`` tests every size instead. Windows are checked one
-    after another, each bounded by the previous result (and each size's decode is timed once per
-    window: three samples of T(b) for the calibration).
+    after another, each bounded by the previous result: the first tests the whole plan, the later
+    ones (other text, longer context) confirm the largest exact size so far and bisect below it only
+    if it fails. Every decode is timed (the calibration's T(b) samples: every size once, the
+    one-token decodes and the confirmed size once per window).
 
     ``details``, if given, receives ``first_failure`` (the smallest inexact b found, or None),
     ``max_abs_diff`` (its largest row difference), ``window`` (which window failed), ``tested``
@@ -225,7 +231,10 @@ def measure_exact_rows(target: Target, max_rows: int = 63, *, n_texts: int = 3, 
                 break
             win = _Window(target, ctx, rows, keep, timings)
             keep = len(ctx)
-            plan = list(range(1, best + 1)) if exhaustive else _plan(best)
+            # the first window tests every size of the plan; later windows (other text, longer
+            # context) confirm the largest size still standing and bisect only if it fails: llama.cpp
+            # picks its kernels by row count, which the first window has mapped (calibration time)
+            plan = list(range(1, best + 1)) if exhaustive else _plan(best) if w == 0 else [best]
             good, bad, bad_diff, sizes = _search(win, plan, best, exhaustive)
             tested.append(sizes)
             if bad is not None and (first_fail is None or bad <= first_fail):
