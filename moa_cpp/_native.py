@@ -1,7 +1,8 @@
 """Thin cffi binding of ``native/include/moa.h`` (ABI mode).
 
 The header is the single source of truth: it is read at import, stripped of preprocessor
-lines and the ``MOA_API`` macro, and fed to ``ffi.cdef``. ``llama_cpp`` is imported first so
+lines and the ``MOA_API`` macro, and fed to ``ffi.cdef`` (once per header text: the parsed form is
+cached, see :func:`_make_ffi`). ``llama_cpp`` is imported first so
 that libmoa's ``libggml.so`` / ``libllama.so`` dependencies resolve (by SONAME) to the copies
 llama-cpp-python already loaded: one ggml per process.
 """
@@ -16,7 +17,7 @@ from cffi import FFI
 
 from .errors import MoaError, error_for
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 
 _PKG = Path(__file__).resolve().parent
@@ -65,8 +66,44 @@ def _library_candidates() -> list[Path]:
     return cands
 
 
-ffi = FFI()
-ffi.cdef(_cdef_source(_header_path().read_text()))
+def _make_ffi():
+    """The FFI of moa.h. Parsing the header (pycparser) cost every process ~50 ms, a tenth of a
+    one-shot ``moa-cpp generate``'s overhead over llama-cpp-python; so the parsed declarations are
+    kept as cffi's out-of-line ABI module in the cache directory, keyed by the header's text and
+    the cffi version, and parsed again only when either changes (or the cache cannot be written)."""
+    import hashlib
+
+    import cffi
+
+    from .models import cache_dir
+
+    src = _cdef_source(_header_path().read_text())
+    name = "_moa_cffi_" + hashlib.sha256(f"{cffi.__version__}\n{src}".encode()).hexdigest()[:16]
+    path = None
+    try:
+        path = cache_dir() / "cffi" / f"{name}.py"
+        if path.is_file():
+            namespace: dict = {}
+            exec(compile(path.read_text(), str(path), "exec"), namespace)
+            return namespace["ffi"]
+    except Exception:  # no cache directory, or an unreadable / corrupt entry: parse (and rewrite it)
+        pass
+    builder = FFI()
+    builder.cdef(src)
+    if path is not None:
+        try:
+            from cffi.recompiler import make_py_source   # emit_python_code would print to stdout
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{name}.{os.getpid()}.tmp")
+            make_py_source(builder, name, str(tmp))
+            os.replace(tmp, path)            # atomic: concurrent processes never read half a file
+        except OSError:                      # read-only cache: parse every time
+            pass
+    return builder
+
+
+ffi = _make_ffi()
 
 
 def _load():

@@ -135,6 +135,16 @@ class DrafterModel:
         check(lib.moa_model_get_d2t(self._ptr, _ptr(out, "int32_t *")))
         return out
 
+    def acceptance(self) -> Optional[list]:
+        """The held-out conditional acceptance per draft depth the trainer recorded
+        (``moa.eval.acceptance``: the chance draft d is right given drafts 1..d-1 were), or None."""
+        n = check(lib.moa_model_acceptance(self._ptr, ffi.NULL, 0))
+        if n == 0:
+            return None
+        out = ffi.new("float[]", n)
+        check(lib.moa_model_acceptance(self._ptr, out, n))
+        return [float(v) for v in out]
+
     def new_state(self, n_ctx: int = 4096, n_draft_max: int = 128, n_batch: int = 512) -> "DrafterState":
         return DrafterState(self, n_ctx=n_ctx, n_draft_max=n_draft_max, n_batch=n_batch)
 

@@ -43,8 +43,8 @@ extern "C" {
 #  endif
 #endif
 
-#define MOA_ABI_VERSION 5  /* 2: moa_state_feed, moa_state_draft_rows; 3: compute_ca, append_ca; 4: moa_model_role;
-                              5: moa_gguf_* (were moa_arch_*), moa_target_arch_* */
+#define MOA_ABI_VERSION 6  /* 2: moa_state_feed, moa_state_draft_rows; 3: compute_ca, append_ca; 4: moa_model_role;
+                              5: moa_gguf_* (were moa_arch_*), moa_target_arch_*; 6: moa_model_acceptance */
 
 enum moa_status {
     MOA_OK                    =  0,
@@ -148,6 +148,9 @@ MOA_API int32_t     moa_model_get_d2t(const moa_model * model, int32_t * out);
 MOA_API int32_t     moa_model_role(const moa_model * model);
 /* Name of the backend device the drafter runs on. */
 MOA_API const char * moa_model_device(const moa_model * model);
+/* The held-out conditional acceptance per draft depth the trainer recorded (moa.eval.acceptance):
+ * copies up to n_max values to out and returns how many the drafter holds (0: none recorded). */
+MOA_API int32_t     moa_model_acceptance(const moa_model * model, float * out, int32_t n_max);
 
 /* ---------------------------------------------------------------- state */
 

@@ -41,6 +41,9 @@ constexpr const char * LSA_INPUT_LAYOUT   = "moa.lsa.input_layout";
 constexpr const char * SA_ROPE_SCALING    = "moa.sa.rope_scaling.type";
 constexpr const char * DRAFT_VOCAB_SIZE   = "moa.draft_vocab_size";
 constexpr const char * ROLE               = "moa.role";  // string, optional: "full" (default) | "client"
+// float32 array, optional: held-out conditional acceptance per draft depth (the trainer writes it;
+// the cost-aware policy's prior)
+constexpr const char * EVAL_ACCEPTANCE    = "moa.eval.acceptance";
 }  // namespace key
 
 // Decoder-layer tensor suffixes shared by the sa / ca / lsa modules.

@@ -746,6 +746,21 @@ moa_model::~moa_model() {
     for (auto & m : mmaps) munmap(m.first, m.second);
 }
 
+// The trainer's held-out acceptance per depth: only a prior for the cost-aware policy, so a
+// missing, mistyped or out-of-range array is dropped (empty), never an error.
+std::vector<float> read_acceptance(const gguf_file & df) {
+    const int64_t id = df.key(moa_gguf_names::key::EVAL_ACCEPTANCE);
+    if (id < 0 || gguf_get_kv_type(df.gctx, id) != GGUF_TYPE_ARRAY || gguf_get_arr_type(df.gctx, id) != GGUF_TYPE_FLOAT32) {
+        return {};
+    }
+    const float * v = (const float *) gguf_get_arr_data(df.gctx, id);
+    std::vector<float> out(v, v + gguf_get_arr_n(df.gctx, id));
+    for (float a : out) {
+        if (!(a >= 0.0f && a <= 1.0f)) return {};
+    }
+    return out;
+}
+
 // Everything that can be wrong with the user's files is found before the first allocation;
 // every tensor access after validate_drafter / open_target / match_tli is to a checked tensor.
 moa_model * moa_model_load_impl(const char * drafter_path, const char * target_path, const moa_model_params & params) {
@@ -759,6 +774,7 @@ moa_model * moa_model_load_impl(const char * drafter_path, const char * target_p
     const target_source src = open_target(df, target_path, m->hp);
     match_tli(src, m->hp);
 
+    m->acceptance = read_acceptance(df);
     pick_model_device(*m, params);
     load_drafter_weights(*m, df);
     load_target_tensors(*m, src, params.use_mmap);

@@ -60,6 +60,7 @@ struct moa_model {
     ggml_tensor * tok_embd = nullptr; // [d, V_target]  (target's, possibly quantized)
     ggml_tensor * output   = nullptr; // [d, n_vocab]   (target LM head, or the reduced draft head)
     std::vector<int32_t> d2t;         // reduced vocabulary: draft id -> target id
+    std::vector<float> acceptance;    // moa.eval.acceptance (empty: not recorded or not usable)
     // TLI N > 0: the target's last N layers (q/k rows un-permuted to HF order, so K uses NEOX
     // RoPE like the captured HF-layout K) and its output_norm.
     std::vector<moa_layer> tli;

@@ -5,6 +5,7 @@
 #include "moa-state.h"
 #include "moa-target-arch.h"
 
+#include <algorithm>
 #include <cstring>
 
 #define MOA_CHECK_ARG(cond, msg) \
@@ -82,6 +83,15 @@ int32_t moa_model_ca_kv_heads(const moa_model * m) { return m ? m->hp.ca_n_kv : 
 int32_t moa_model_head_dim(const moa_model * m) { return m ? m->hp.head_dim : 0; }
 int32_t moa_model_role(const moa_model * m) { return m ? m->hp.role : MOA_ROLE_FULL; }
 const char * moa_model_device(const moa_model * m) { return m ? m->device_name.c_str() : ""; }
+
+int32_t moa_model_acceptance(const moa_model * m, float * out, int32_t n_max) {
+    return moa_guard_status([&] {
+        MOA_CHECK_ARG(m && (out || n_max == 0) && n_max >= 0, "moa_model_acceptance: NULL or negative argument");
+        const int32_t n = (int32_t) std::min<size_t>(m->acceptance.size(), (size_t) n_max);
+        if (n) std::memcpy(out, m->acceptance.data(), n * sizeof(float));
+        return (int32_t) m->acceptance.size();
+    });
+}
 
 int32_t moa_model_get_d2t(const moa_model * m, int32_t * out) {
     return moa_guard_status([&] {

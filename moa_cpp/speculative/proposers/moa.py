@@ -28,24 +28,6 @@ def topk_desc(v: np.ndarray, k: int) -> np.ndarray:
     return idx[np.lexsort((idx, -v[idx]))]
 
 
-# Drafter GGUF metadata written by the trainer: the held-out conditional acceptance per draft
-# depth (float32 array), i.e. the chance that draft d is right given drafts 1..d-1 were.
-ACCEPTANCE_KEY = "moa.eval.acceptance"
-
-
-def acceptance_prior(drafter_path) -> Optional[list]:
-    """The drafter's recorded acceptance per depth (``moa.eval.acceptance``), or None."""
-    try:
-        import gguf
-        f = gguf.GGUFReader(str(drafter_path)).fields.get(ACCEPTANCE_KEY)
-        if f is None:
-            return None
-        vals = [float(f.parts[i][0]) for i in f.data]
-        return vals if vals and all(0.0 <= v <= 1.0 for v in vals) else None
-    except Exception:  # unreadable metadata only loses the prior, never the drafter
-        return None
-
-
 @dataclass
 class TreeTrace:
     """Every candidate of the last dynamic tree (for checks against the reference)."""
@@ -71,7 +53,9 @@ class MoAProposer:
         self.last_tree: Optional[TreeTrace] = None
         # expected conditional acceptance per depth, if the drafter GGUF records one (the
         # trainer's held-out estimate); None: the cost-aware policy starts from its default
-        self.acceptance_prior = acceptance_prior(state.model.path)
+        # read by the native loader with the rest of the GGUF (gguf-py's import alone cost a
+        # one-shot `moa-cpp generate` ~60 ms)
+        self.acceptance_prior = state.model.acceptance()
 
     def reset(self) -> None:
         """Forget everything (a new generation)."""
