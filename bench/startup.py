@@ -13,7 +13,11 @@ Methods (each a command line; greedy, chat template, same prompt and token limit
 - ``moa``: ``moa-cpp generate --chat -p PROMPT -n N`` (the embedded default target and drafter,
   the cost-aware default);
 - ``moa-ngram``: ``moa-cpp generate --chat -m MODEL ...`` (no drafter: n-gram drafts, cost-aware);
-- ``moa-plain``: ``moa-cpp generate --chat --no-draft ...``.
+- ``moa-plain``: ``moa-cpp generate --chat --no-draft ...``;
+- ``moa-stop36`` (not in the default set): ``moa`` plus the two start-up costs removed after stop
+  36, paid on purpose in the same process: parsing moa.h with cffi's parser (now cached) and
+  gguf-py's import + reader on the drafter (its acceptance prior now comes from the native
+  loader). Run beside ``moa`` it measures what those removals saved, on one machine, in one run.
 
 The methods alternate (order flipped every repetition) after one discarded warm-up run each
 (which also fills MOA_CPP_CACHE, here a temp dir, the way a user's first run does); ``--calibrate``
@@ -50,16 +54,31 @@ print(out["choices"][0]["message"]["content"])
 """
 
 
+STOP36_SCRIPT = """
+import sys
+import gguf
+import moa_cpp._native as n
+from moa_cpp.defaults import DEFAULT_DRAFTER
+n.FFI().cdef(n._cdef_source(n._header_path().read_text()))
+gguf.GGUFReader(str(DEFAULT_DRAFTER)).fields.get("moa.eval.acceptance")
+from moa_cpp.cli import main
+sys.argv = ["moa-cpp"] + sys.argv[1:]
+sys.exit(main())
+"""
+
+
 def commands(model: str, prompt: str, n: int, threads: int) -> dict:
     py = sys.executable
-    moa = [py, "-m", "moa_cpp.cli", "generate", "--chat", "-p", prompt, "-n", str(n), "-t", str(threads)]
+    args = ["generate", "--chat", "-p", prompt, "-n", str(n), "-t", str(threads)]
+    moa = [py, "-m", "moa_cpp.cli"] + args
     moa_bin = Path(py).with_name("moa-cpp")
     if moa_bin.is_file():                        # the console script a user runs
-        moa = [str(moa_bin)] + moa[3:]
+        moa = [str(moa_bin)] + args
     return {"llama": [py, "-c", LLAMA_SCRIPT, model, prompt, str(n), str(threads)],
             "moa": moa,
             "moa-ngram": moa + ["-m", model],
-            "moa-plain": moa + ["--no-draft"]}
+            "moa-plain": moa + ["--no-draft"],
+            "moa-stop36": [py, "-c", STOP36_SCRIPT] + args}
 
 
 def run(cmd: list, env: dict, timeout: int) -> tuple[float, str, str]:
@@ -76,7 +95,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="target GGUF (default: the embedded default, SmolLM2 Q4_1)")
     ap.add_argument("--methods", nargs="+", default=["llama", "moa", "moa-ngram", "moa-plain"],
-                    choices=["llama", "moa", "moa-ngram", "moa-plain"])
+                    choices=["llama", "moa", "moa-ngram", "moa-plain", "moa-stop36"])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="default: all usable cores")
@@ -111,7 +130,7 @@ def main(argv=None) -> int:
     rows = []
     for k, ws in walls.items():
         row = {"method": k, "command": " ".join(c if " " not in c and "\n" not in c else repr(c[:40] + "...")
-                                                 for c in cmds[k][1 if k == "llama" else 0:]),
+                                                 for c in cmds[k][1 if k in ("llama", "moa-stop36") else 0:]),
                "wall_median_s": statistics.median(ws), "wall_min_s": min(ws), "wall_max_s": max(ws),
                "first_run_s": first[k], "same_text_as_llama": texts.get(k) == texts.get("llama") if base else None}
         if base:
@@ -131,7 +150,7 @@ def main(argv=None) -> int:
         f"{elapsed:.0f} s in all. Ratio = llama-cpp-python's median process time / this method's (> 1: faster). "
         "`first run s`: the warm-up run, with an empty MOA_CPP_CACHE (moa-cpp measures T(k) and the exact "
         "batch size after printing its output, once per model).", "",
-        md_table(hdr, table), "", "Commands:", ""] + [f"- `{k}`: `{' '.join(cmds[k][:2]) if k == 'llama' else ' '.join(cmds[k])}`"
+        md_table(hdr, table), "", "Commands:", ""] + [f"- `{k}`: `{' '.join(cmds[k][:2]) if k in ('llama', 'moa-stop36') else ' '.join(cmds[k])}`"
                                                       for k in cmds])
     print("\n" + md, flush=True)
     info = run_info(threads)
