@@ -112,7 +112,8 @@ def calibrate_verify_cost(target: Target, k_max: int) -> dict:
     size), so its decodes are timed instead of decoding them again; only where the exact batch
     size was known already (cached, or declared) or the search stopped at an inexact size are the
     other sizes timed on their own (2 repetitions).
-    SmolLM2-135M Q4_1 on 2 cores: ~0.5 s (was 2.4 s, then 0.97 s; this machine: 2.1 s -> 1.07 s)."""
+    SmolLM2-135M Q4_1 on 2 cores: 1.0 s on the AMD EPYC host (2.1 s with every size tested on all
+    three windows; bench/calibration_profile.py)."""
     need = k_max + 1
     timings: dict = {}
     if target._max_exact_rows is None:

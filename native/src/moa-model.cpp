@@ -720,6 +720,21 @@ void load_tli_layers(moa_model & m, const target_source & src) {
     load_tensors(m, *src.file, ll, "target.", false, hp.t_qk_permuted ? hp.target_head_dim : 0);
 }
 
+// The trainer's held-out acceptance per depth: only a prior for the cost-aware policy, so a
+// missing, mistyped or out-of-range array is dropped (empty), never an error.
+std::vector<float> read_acceptance(const gguf_file & df) {
+    const int64_t id = df.key(K::EVAL_ACCEPTANCE);
+    if (id < 0 || gguf_get_kv_type(df.gctx, id) != GGUF_TYPE_ARRAY || gguf_get_arr_type(df.gctx, id) != GGUF_TYPE_FLOAT32) {
+        return {};
+    }
+    const float * v = (const float *) gguf_get_arr_data(df.gctx, id);
+    std::vector<float> out(v, v + gguf_get_arr_n(df.gctx, id));
+    for (float a : out) {
+        if (!(a >= 0.0f && a <= 1.0f)) return {};
+    }
+    return out;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- public (moa-model.h)
@@ -744,21 +759,6 @@ moa_model::~moa_model() {
     for (auto b : bufs) ggml_backend_buffer_free(b);
     for (auto c : ctxs) ggml_free(c);
     for (auto & m : mmaps) munmap(m.first, m.second);
-}
-
-// The trainer's held-out acceptance per depth: only a prior for the cost-aware policy, so a
-// missing, mistyped or out-of-range array is dropped (empty), never an error.
-std::vector<float> read_acceptance(const gguf_file & df) {
-    const int64_t id = df.key(moa_gguf_names::key::EVAL_ACCEPTANCE);
-    if (id < 0 || gguf_get_kv_type(df.gctx, id) != GGUF_TYPE_ARRAY || gguf_get_arr_type(df.gctx, id) != GGUF_TYPE_FLOAT32) {
-        return {};
-    }
-    const float * v = (const float *) gguf_get_arr_data(df.gctx, id);
-    std::vector<float> out(v, v + gguf_get_arr_n(df.gctx, id));
-    for (float a : out) {
-        if (!(a >= 0.0f && a <= 1.0f)) return {};
-    }
-    return out;
 }
 
 // Everything that can be wrong with the user's files is found before the first allocation;
