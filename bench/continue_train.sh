@@ -32,7 +32,7 @@ HELDOUT_DEFAULT=out/heldout-s8; test -f bench/data/heldout-s8/data/manifest.json
 HELDOUT=${HELDOUT:-$HELDOUT_DEFAULT} HELDOUT_SEED=${HELDOUT_SEED:-8} HELDOUT_N=${HELDOUT_N:-320}
 # every continuation round so far: name=seed:answers (prepare regenerates their prompt lists, ~15 s
 # each, so that scoring can drop them on a new machine)
-ROUNDS=${ROUNDS:-"c1=1:1300 c2=2:3000 c3=3:4000 c4=4:3000 c5=5:6000 c6=6:6000 c7=7:2000"}
+ROUNDS=${ROUNDS:-"c1=1:1300 c2=2:3000 c3=3:4000 c4=4:3000 c5=5:6000 c6=6:6000 c7=7:2000 c8=9:6000"}
 DATA="--target smollm2 --n-samples 0 --fixed-answers $FIXED --seed $SEED"
 # rounds after c3 never draw a held-out prompt (c1-c3 predate --exclude-prompts: scoring drops theirs);
 # c4 and c5 excluded the seed-7 set's
