@@ -10,7 +10,7 @@ import pytest
 from moa_cpp.errors import InvalidArgumentError, MoaError
 from moa_cpp.speculative.proposers import (HybridProposer, NgramProposer, make_proposer, merge,
                                            parse_spec_type)
-from moa_cpp.speculative.proposers.ngram import NgramIndex, trie
+from moa_cpp.speculative.proposers.ngram import MATCH_CAP, MAX_CANDIDATES, NgramIndex, match_class, trie
 from moa_cpp.speculative.types import DraftConfig, Proposal, SamplingParams, SpecStats
 
 SP = SamplingParams()
@@ -22,16 +22,26 @@ def propose_after(p, history, cfg=None):
 
 
 def brute_force(seq, n_min, n_max, length):
-    """The first continuation by definition: longest key, most recent occurrence, self-extending."""
+    """The first continuation by definition: the longest key; among its (MAX_CANDIDATES most
+    recent) occurrences the longest match with the text's end (capped at MATCH_CAP), the most
+    recent among equals; self-extending. Returns (key length, match length, drafts)."""
     for n in range(min(n_max, len(seq) - 1), n_min - 1, -1):
         key = seq[len(seq) - n:]
-        for p in range(len(seq) - 1, n - 1, -1):         # p = where the continuation starts
-            if seq[p - n:p] == key and p < len(seq):
-                ext = list(seq)
-                for i in range(length):
-                    ext.append(ext[p + i])
-                return n, ext[len(seq):]
-    return 0, []
+        occ = [p for p in range(n, len(seq)) if seq[p - n:p] == key][-MAX_CANDIDATES:]
+        if not occ:
+            continue
+
+        def match(p):
+            m = n
+            while m < MATCH_CAP and p - m - 1 >= 0 and seq[p - m - 1] == seq[len(seq) - m - 1]:
+                m += 1
+            return m
+        p = max(occ, key=lambda q: (match(q), q))
+        ext = list(seq)
+        for i in range(length):
+            ext.append(ext[p + i])
+        return n, match(p), ext[len(seq):]
+    return 0, 0, []
 
 
 def test_chain_is_the_longest_most_recent_match():
@@ -46,12 +56,23 @@ def test_chain_is_the_longest_most_recent_match():
 def test_matches_brute_force_on_random_histories():
     rng = np.random.default_rng(0)
     for trial in range(300):
-        seq = rng.integers(0, 4 if trial % 2 else 12, size=int(rng.integers(2, 40))).tolist()
+        # every third history long enough for a key to recur more than MAX_CANDIDATES times
+        size = int(rng.integers(2, 40)) if trial % 3 else int(rng.integers(100, 300))
+        seq = rng.integers(0, 4 if trial % 2 else 12, size=size).tolist()
         n_min, n_max = sorted(rng.integers(1, 5, size=2).tolist())
         p = NgramProposer(DraftConfig("chain", chain=5), n_min=n_min, n_max=n_max)
         prop = propose_after(p, seq)
-        n, want = brute_force(seq, n_min, n_max, 5)
-        assert prop.tokens.tolist() == want and p.last_key == n, (seq, n_min, n_max)
+        n, m, want = brute_force(seq, n_min, n_max, 5)
+        assert prop.tokens.tolist() == want and p.last_key == n and p.last_match == m, (seq, n_min, n_max)
+        assert p.context == match_class(m)
+
+
+def test_the_longest_match_wins_over_the_most_recent():
+    """Key [8, 1, 2] occurs twice; the older occurrence is preceded by the same 9 as the text's
+    end, so its continuation (3) is proposed, not the most recent one's (4)."""
+    p = NgramProposer(DraftConfig("chain", chain=1))
+    assert propose_after(p, [9, 8, 1, 2, 3, 0, 8, 1, 2, 4, 5, 9, 8, 1, 2]).tokens.tolist() == [3]
+    assert p.last_key == 3 and p.last_match == 4 and p.context == match_class(4) == 3
 
 
 def test_periodic_text_is_drafted_in_full():

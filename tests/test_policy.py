@@ -11,6 +11,7 @@ from moa_cpp.speculative import policy as pol
 from moa_cpp.speculative.loop import SpeculativeLoop
 from moa_cpp.speculative.policy import (AcceptanceEstimate, CostAwarePolicy, best_chain_length,
                                         expected_tokens)
+from moa_cpp.speculative.proposers.ngram import MATCH_CLASSES, NgramProposer
 from moa_cpp.speculative.types import DraftConfig, SamplingParams
 from moa_cpp.testing.oracle import OracleProposer
 
@@ -130,6 +131,41 @@ def test_cost_aware_explores_again_after_early_misses():
     assert drafted > 150 and p.acceptance.mean(1) > 0.8
 
 
+def test_free_proposer_with_contexts_is_priced_per_match():
+    """Prompt lookup reports its match-length class: the policy asks for the longest chain, then
+    keeps the drafts that pay for that class (none for a 1-token match on a compute-bound table,
+    the whole chain for a 16+ token one), learns each class on its own and never gives up."""
+    p = CostAwarePolicy(8)
+    p.verify_cost = dict(COMPUTE_BOUND)
+    prop = NgramProposer(DraftConfig("auto", chain=8))
+    drafting, why = p.begin(_FakeTarget(), prop, lambda: 62)
+    assert drafting and p.contextual and "by match length" in why
+    assert p.choose(None) == DraftConfig("chain", chain=8, budget=8)
+    weakest, strongest = 0, len(MATCH_CLASSES) - 1
+    assert p.fit(weakest) == 0 and p.fit(strongest) == 8
+    # the strongest class keeps missing at its root: it is priced out; the weakest is unchanged
+    for _ in range(30):
+        assert p.choose(None).chain == 8
+        k = p.fit(strongest)
+        if k:
+            p.update(k, 0)
+        assert not p.gave_up()
+    assert p.fit(strongest) == 0 and p.by_context[strongest].mean(1) < 0.5
+    assert p.by_context[weakest].mean(1) == pytest.approx(NgramProposer.context_priors[weakest][0])
+    # on a flat (memory-bound) table even the weakest class pays
+    q = CostAwarePolicy(8)
+    q.verify_cost = {k: 1.0 for k in range(1, 10)}
+    q.begin(_FakeTarget(), NgramProposer(DraftConfig("auto", chain=8)), lambda: 62)
+    assert q.fit(weakest) == 8
+
+
+def test_a_model_proposer_is_not_priced_per_context():
+    p, prop = _policy_with(MEMORY_BOUND, None)
+    prop.row_cost = None                              # a drafter with rows to pay
+    p.begin(_FakeTarget(), prop, lambda: 62)
+    assert not p.contextual and pol.FixedPolicy(DraftConfig("chain", chain=3)).contextual is False
+
+
 # ---------------------------------------------------------------- the loop on a real target
 
 
@@ -217,3 +253,28 @@ def test_calibration_times_the_sizes_the_exactness_search_did_not(tmp_path, monk
     cost = pol.calibrate_verify_cost(t, 8)
     assert measured == [tuple(range(3, 10))] and sorted(cost) == list(range(1, 10))
     assert pol.cached_verify_cost(t, range(1, 10)) == cost
+
+
+def test_auto_ngram_drafts_only_matches_that_pay(fx):
+    """Prompt lookup under ``auto`` on a compute-bound table: every lookup is priced by its match
+    class (counted in auto_choices, 0 = priced out), only classes whose estimate pays are
+    verified (a class priced out is never probed), and the output is the target's own."""
+    g, gen = fx
+    cfg = DraftConfig("auto", chain=6)
+    prop = NgramProposer(cfg)
+    loop = SpeculativeLoop(gen.target, prop, cfg)
+    policy = loop.policy_for(cfg)
+    policy.verify_cost = {k: v * 0.01 for k, v in COMPUTE_BOUND.items()}
+    fresh = CostAwarePolicy(6)
+    fresh.verify_cost = policy.verify_cost
+    fresh.begin(_FakeTarget(), NgramProposer(cfg), lambda: 62)
+    paying = {c for c in range(len(MATCH_CLASSES)) if fresh.fit(c)}
+    assert 0 not in paying and len(MATCH_CLASSES) - 1 in paying
+    drafted = []
+    loop.on_cycle = lambda pos, root, proposal, scores, verdict: proposal.n and drafted.append(prop.context)
+    ref = g["target_greedy"].tolist()
+    toks, st = _run(loop, g["prompt_ids"].tolist(), len(ref), cfg)
+    assert toks == ref
+    assert "by match length" in st.decision and st.auto_choices.get(0, 0) > 0
+    assert drafted and set(drafted) <= paying
+    assert sum(st.auto_choices.values()) >= len(drafted)

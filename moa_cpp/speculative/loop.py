@@ -330,8 +330,9 @@ class SpeculativeLoop:
                 # without capture and drafter commits
                 g.drafting = False
                 st.decision += "; stopped drafting: the observed acceptance does not pay"
-            st.auto_choices[cfg.chain if cfg.mode == "chain" else 0] = \
-                st.auto_choices.get(cfg.chain if cfg.mode == "chain" else 0, 0) + 1
+            if not policy.contextual:    # else counted once fit() priced the lookup
+                st.auto_choices[cfg.chain if cfg.mode == "chain" else 0] = \
+                    st.auto_choices.get(cfg.chain if cfg.mode == "chain" else 0, 0) + 1
         else:
             cfg = policy.choose(None)
         return fit_chain(cfg, min(g.max_tokens - g.generated, room, g.max_rows - 1 - len(g.carry)))
@@ -341,6 +342,11 @@ class SpeculativeLoop:
             return Proposal.empty()
         proposal = self.proposer.propose(g.feed, g.root, g.n, g.sp, g.rng, cfg)
         g.feed = []
+        if g.policy.contextual:
+            # a free lookup priced after the fact: keep the drafts that pay for this match
+            k = g.policy.fit(self.proposer.context) if proposal.n else 0
+            proposal = proposal.prefix(k)
+            g.stats.auto_choices[k] = g.stats.auto_choices.get(k, 0) + 1
         if proposal.n < self.draft_min:
             proposal = Proposal.empty(proposal.draft_rows)
         room = self.target.n_ctx - g.n - 1

@@ -9,6 +9,14 @@
   decodes plainly and asks for a measurement later (:meth:`CostAwarePolicy.needs_calibration`),
   so the measurement never lands on a user's first request.
 
+A free proposer that reports a *context* per proposal (:class:`~moa_cpp.speculative.proposers.
+ngram.NgramProposer`: the class of its match length) gets one acceptance estimate per context
+and is priced after its lookup: the policy asks for the longest chain, the proposer looks it up,
+and :meth:`CostAwarePolicy.fit` keeps the k drafts that pay *for that match* (none for a weak
+one: then the cycle is a plain step). A 16-token match and a 1-token match differ by ~4x in
+acceptance (module doc of ngram.py), so one global estimate drafts too little in a copy and too
+much elsewhere. Such a policy never gives up for a generation: its lookups cost nothing.
+
 Expected tokens of a chain of k drafts with conditional acceptance a_d at depth d (given depth
 d-1 accepted): E(k) = 1 + sum_{d<=k} prod_{j<=d} a_j. Cost: T(k+1) (one verification decode of
 root + k drafts) + k * t_row (drafter rows). Speed(k) = E(k) / cost(k); plain = 1 / T(1).
@@ -65,6 +73,9 @@ class CostAwareSettings:
     # Drafting must beat plain decoding by this factor to be chosen (hysteresis against noise
     # in T(k) and timing).
     min_gain: float = 1.02
+    # How many observed cycles a free proposer's per-context prior is worth (its priors were
+    # measured on other text than the one at hand: adapt within a few cycles).
+    context_prior_weight: float = 4.0
 
 
 # ---------------------------------------------------------------------------- T(k) measurement
@@ -253,14 +264,18 @@ class Policy(Protocol):
     rest of the generation (:meth:`gave_up`), after it what was accepted (:meth:`update`).
     ``adaptive``: the shape changes per cycle (the statistics count the choices). Calibration:
     what it needs measured before it can draft (:meth:`needs_calibration`, :meth:`calibrate`,
-    which returns the widest shape it may choose: the loop measures that shape's exact batch)."""
+    which returns the widest shape it may choose: the loop measures that shape's exact batch).
+    ``contextual``: :meth:`choose` asks for the longest chain and :meth:`fit` prices the looked-up
+    drafts by the proposer's context (free proposers that report one; module doc)."""
 
     adaptive: bool
+    contextual: bool
 
     def begin(self, target: Target, proposer, k_cap: Callable[[], int]) -> tuple[bool, str]: ...
     def choose(self, t_row: Optional[float]) -> DraftConfig: ...
     def gave_up(self) -> bool: ...
     def update(self, proposed: int, accepted: int) -> None: ...
+    def fit(self, context: int) -> int: ...
     def needs_calibration(self) -> bool: ...
     def calibrate(self, target: Target) -> Optional[DraftConfig]: ...
 
@@ -269,6 +284,7 @@ class FixedPolicy:
     """The same draft shape every cycle."""
 
     adaptive = False
+    contextual = False
 
     def __init__(self, config: DraftConfig) -> None:
         self.config = config
@@ -284,6 +300,9 @@ class FixedPolicy:
 
     def gave_up(self) -> bool:
         return False
+
+    def fit(self, context: int) -> int:
+        raise NotImplementedError("a fixed policy drafts its shape as looked up")
 
     def update(self, proposed: int, accepted: int) -> None:
         pass
@@ -313,6 +332,14 @@ class CostAwarePolicy:
         self._k_cap = k_max
         self._row_cost_prior = 0.0
         self._t = 0                   # cycles chosen so far (all generations): the UCB clock
+        # per-context estimates of a free proposer that reports contexts (module doc), else None
+        self.by_context: Optional[list] = None
+        self._ctx = 0                 # the context of the cycle being verified
+
+    @property
+    def contextual(self) -> bool:
+        """True when drafts are priced after the lookup, per context (:meth:`fit`)."""
+        return self.by_context is not None
 
     def _init_acceptance(self, proposer) -> None:
         prior = getattr(proposer, "acceptance_prior", None)
@@ -320,6 +347,11 @@ class CostAwarePolicy:
             self.acceptance = AcceptanceEstimate(list(prior), self.s.recorded_prior_weight, self.s.decay)
         else:
             self.acceptance = AcceptanceEstimate([self.s.default_prior], self.s.default_prior_weight, self.s.decay)
+        n_ctx = int(getattr(proposer, "contexts", 0) or 0)
+        if n_ctx and getattr(proposer, "row_cost", None) == 0.0:
+            priors = getattr(proposer, "context_priors", None) or [[self.s.default_prior]] * n_ctx
+            self.by_context = [AcceptanceEstimate(list(pr), self.s.context_prior_weight, self.s.decay)
+                               for pr in priors]
 
     def _rates(self, optimistic: bool, t: int = 0, optimism: Optional[float] = None) -> list:
         a = self.acceptance
@@ -351,6 +383,8 @@ class CostAwarePolicy:
         row_cost = getattr(proposer, "row_cost", None)
         self._row_cost_prior = row_cost if row_cost is not None else self.s.row_cost_prior * self.verify_cost[1]
         t = self.verify_cost
+        if self.contextual:
+            return True, self._contextual_plan()
         known = bool(getattr(proposer, "acceptance_prior", None))
         optimism = self.s.optimism * (1.0 if known else self.s.unknown_prior_optimism)
         k, gain = best_chain_length(t, self._rates(True, optimism=optimism), self._row_cost_prior, self._k_cap,
@@ -363,9 +397,35 @@ class CostAwarePolicy:
         return True, (f"drafting (cost-aware): up to {k} drafts could give {gain:.2f}x; T({k + 1})/T(1) = "
                       f"{t[k + 1] / t[1]:.2f}, acceptance so far {self.acceptance.mean(1):.0%}")
 
+    def _contextual_plan(self) -> str:
+        """What the per-context estimates would draft now, weakest and strongest context."""
+        t = self.verify_cost
+        plans = []
+        for c in (0, len(self.by_context) - 1):
+            rates = [self.by_context[c].mean(d) for d in range(1, self._k_cap + 1)]
+            k, gain = best_chain_length(t, rates, self._row_cost_prior, self._k_cap, self.s.min_gain)
+            plans.append(f"{k} drafts ({gain:.2f}x)" if k else "none")
+        return (f"drafting (cost-aware, by match length): up to {self._k_cap} drafts, priced after each lookup; "
+                f"now a weakest match gets {plans[0]}, a strongest {plans[1]}; T({self._k_cap + 1})/T(1) = "
+                f"{t[self._k_cap + 1] / t[1]:.2f}")
+
+    def fit(self, context: int) -> int:
+        """How many of a looked-up chain's drafts to verify, given its context (contextual
+        policies: :meth:`choose` asked for the longest chain). 0: a plain step."""
+        self._ctx = min(max(int(context), 0), len(self.by_context) - 1)
+        est = self.by_context[self._ctx]
+        # no exploration: the priors are measured, and a context priced out is not probed (a probe
+        # of 1 draft cannot test the longer chain that would pay; probing that chain instead lost
+        # 2-5 % on the replays of bench/ngram_policy_sim.py, and more prompts below 0.98x)
+        k, _ = best_chain_length(self.verify_cost, [est.mean(d) for d in range(1, self._k_cap + 1)],
+                                 self._row_cost_prior, self._k_cap, self.s.min_gain)
+        return k
+
     def choose(self, t_row: Optional[float]) -> DraftConfig:
         """This cycle's shape; NO_DRAFT may be returned repeatedly (see :meth:`gave_up`)."""
         self._t += 1
+        if self.contextual:   # look up the longest chain; fit() prices it
+            return DraftConfig("chain", chain=self._k_cap, budget=self._k_cap) if self._k_cap else NO_DRAFT
         tr = self._t_row(t_row)
         costs = self.verify_cost
         k, _ = best_chain_length(costs, self._rates(False), tr, self._k_cap, self.s.min_gain)
@@ -384,13 +444,17 @@ class CostAwarePolicy:
     def gave_up(self) -> bool:
         """True once drafting could not pay even optimistically for give_up_after cycles, with
         an acceptance estimate worth at least give_up_min_weight cycles (or for twice as many
-        cycles)."""
+        cycles). Never for a contextual policy (its lookups are free)."""
+        if self.contextual:
+            return False
         return self._idle >= self.s.give_up_after and (
             self.acceptance.weight_at(1) >= self.s.give_up_min_weight or self._idle >= 2 * self.s.give_up_after)
 
     def update(self, proposed: int, accepted: int) -> None:
         if proposed:
             self.acceptance.update(proposed, accepted)
+            if self.contextual:
+                self.by_context[self._ctx].update(proposed, accepted)
 
     def needs_calibration(self) -> bool:
         return self._calibrate
