@@ -237,11 +237,15 @@ def set_verify_cost(loop: Any, cfg: Any, verify_cost: dict) -> None:
     loop.policy_for(cfg).verify_cost = dict(verify_cost)
 
 
-def run_generation(loop, ids, max_tokens: int, sp, cfg=None):
-    """One generation through a SpeculativeLoop: (tokens, seconds, final stats)."""
+def run_generation(loop, ids, max_tokens: int, sp, cfg=None, reuse: bool = False):
+    """One generation through a SpeculativeLoop: (tokens, seconds, final stats). The prompt is
+    processed whole (``reuse`` False: no prefix kept from the loop's previous generation), as
+    :func:`llama_greedy` resets llama-cpp-python first: the same work timed, and the same prompt
+    batches (a prefix kept from an earlier generation changes how the rest is batched, and so the
+    last bits of the logits: near-ties then flip, in plain decoding alike)."""
     toks, st = [], None
     t0 = time.perf_counter()
-    for ev in loop.run(ids, max_tokens, sp, cfg):
+    for ev in loop.run(ids, max_tokens, sp, cfg, reuse=reuse):
         toks += ev.tokens
         st = ev.stats
     return toks, time.perf_counter() - t0, st

@@ -6,7 +6,10 @@ everything a policy's choices depend on: the prompt (rebuilt from the eval set w
 chat template) and the plain greedy tokens. This replays the real ``NgramProposer`` and
 ``CostAwarePolicy`` over them, cycle by cycle, with no model decode: each variant costs
 sum over cycles of T(rows) seconds, plain costs n * T(1). It is a model of the decode phase (no
-prefill, no Python time); `bench/run_eval.py` measures the real thing.
+prefill, no Python time); `bench/run_eval.py` measures the real thing. Variants: ``global`` (one
+acceptance estimate for every lookup, the policy before issue 23's match pricing), ``by-match``
+(the default: priced per match-length class), ``oracle`` (hindsight: exactly the drafts that will
+be accepted, when verifying them pays: the bound of any pricing of this lookup).
 
     python bench/ngram_policy_sim.py bench/results/amd-epyc-2c/issue23-qwen15-f16-grounded128.json \
         -m ~/.cache/moa_cpp/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
@@ -31,29 +34,37 @@ def replay(full: list, n_prompt: int, policy, proposer, verify_cost: dict, k_cap
     from moa_cpp.speculative.loop import fit_chain
     from moa_cpp.speculative.types import SamplingParams
     sp = SamplingParams()
+    from moa_cpp.speculative.types import DraftConfig
     proposer.reset()
-    ok, _ = policy.begin(None, proposer, lambda: k_cap)
+    ok = True if policy == "oracle" else policy.begin(None, proposer, lambda: k_cap)[0]
     n, end = n_prompt, len(full) - 1        # full[n] is the root; the last token is never a root
     feed = list(full[:n])
     t = 0.0
     cycles = accepted = proposed = 0
     while n < end:
         cycles += 1
-        cfg = fit_chain(policy.choose(None), min(end - n, k_cap)) if ok else None
+        cfg = fit_chain(DraftConfig("chain", chain=k_cap) if policy == "oracle" else policy.choose(None),
+                        min(end - n, k_cap)) if ok else None
         if cfg is None or cfg.mode == "none":
             t += verify_cost[1]                  # a plain step: the root joins the feed
             feed.append(full[n])
             n += 1
             continue
         prop = proposer.propose(feed, full[n], n, sp, None, cfg)
-        if getattr(policy, "contextual", False):          # as SpeculativeLoop._propose
+        if policy == "oracle":
+            # hindsight bound: keep exactly the drafts that will be accepted, if verifying them pays
+            acc = 0
+            while acc < prop.n and int(prop.tokens[acc]) == full[n + 1 + acc]:
+                acc += 1
+            prop = prop.prefix(acc if acc and verify_cost[acc + 1] < (acc + 1) * verify_cost[1] else 0)
+        elif getattr(policy, "contextual", False):          # as SpeculativeLoop._propose
             prop = prop.prefix(policy.fit(proposer.context) if prop.n else 0)
         drafts = [int(x) for x in prop.tokens]
         acc = 0
         while acc < len(drafts) and drafts[acc] == full[n + 1 + acc]:
             acc += 1
         t += verify_cost[len(drafts) + 1]
-        if drafts:
+        if drafts and policy != "oracle":
             policy.update(len(drafts), acc)
         proposed += len(drafts)
         accepted += acc
@@ -117,14 +128,16 @@ def main(argv=None) -> int:
     class Global(NgramProposer):       # the same lookup, priced by one global estimate (before)
         contexts = 0
 
-    variants = {"global": Global, "by-match": NgramProposer}
+    variants = {"global": Global, "by-match": NgramProposer, "oracle": NgramProposer}
     for k_max in args.k_max:
         for vname, cls in variants.items():
             tot = {"t": 0.0, "plain": 0.0, "proposed": 0, "accepted": 0, "cycles": 0, "tokens": 0}
-            pol = CostAwarePolicy(k_max)     # one loop answers every prompt: the estimate carries over
+            # one loop answers every prompt: the estimate carries over
+            pol = "oracle" if vname == "oracle" else CostAwarePolicy(k_max)
             per = []
             for name, ids, out, vc in texts:
-                pol.verify_cost = vc
+                if pol != "oracle":
+                    pol.verify_cost = vc
                 k_cap = min(k_max, max(k for k in vc) - 1)
                 r = replay(ids + out, len(ids), pol, cls(DraftConfig("auto", chain=k_max)), vc, k_cap)
                 for key in tot:
