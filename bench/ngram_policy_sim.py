@@ -84,6 +84,9 @@ def main(argv=None) -> int:
     ap.add_argument("--verify-cost", help="JSON {k: seconds}; default: the calibration cache entry of the run's model")
     ap.add_argument("--k-max", type=int, nargs="+", default=[8])
     ap.add_argument("--per-prompt", action="store_true")
+    ap.add_argument("--cross-request", type=int, default=0, metavar="TOKENS",
+                    help="a cross-request n-gram cache, modelled: each text is looked up after the last TOKENS "
+                         "tokens of the texts before it (prompt + answer), as if one index held them all")
     args = ap.parse_args(argv)
 
     from moa_cpp import calibration_cache
@@ -135,7 +138,11 @@ def main(argv=None) -> int:
             # one loop answers every prompt: the estimate carries over
             pol = "oracle" if vname == "oracle" else CostAwarePolicy(k_max)
             per = []
+            history: list = []
             for name, ids, out, vc in texts:
+                before = history[-args.cross_request:] if args.cross_request else []
+                history += ids + out
+                ids = before + ids
                 if pol != "oracle":
                     pol.verify_cost = vc
                 k_cap = min(k_max, max(k for k in vc) - 1)
