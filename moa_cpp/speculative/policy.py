@@ -402,24 +402,26 @@ class CostAwarePolicy:
         t = self.verify_cost
         plans = []
         for c in (0, len(self.by_context) - 1):
-            rates = [self.by_context[c].mean(d) for d in range(1, self._k_cap + 1)]
-            k, gain = best_chain_length(t, rates, self._row_cost_prior, self._k_cap, self.s.min_gain)
+            k, gain = self._priced(c)
             plans.append(f"{k} drafts ({gain:.2f}x)" if k else "none")
         return (f"drafting (cost-aware, by match length): up to {self._k_cap} drafts, priced after each lookup; "
                 f"now a weakest match gets {plans[0]}, a strongest {plans[1]}; T({self._k_cap + 1})/T(1) = "
                 f"{t[self._k_cap + 1] / t[1]:.2f}")
 
+    def _priced(self, context: int) -> tuple[int, float]:
+        """The chain length that pays for a lookup in ``context``, and its gain over plain (no
+        exploration: the priors are measured, and a context priced out is not probed; a probe of
+        1 draft cannot test the longer chain that would pay, and probing that chain instead lost
+        2-5 % on the replays of bench/ngram_policy_sim.py, with more prompts below 0.98x)."""
+        est = self.by_context[context]
+        return best_chain_length(self.verify_cost, [est.mean(d) for d in range(1, self._k_cap + 1)],
+                                 self._row_cost_prior, self._k_cap, self.s.min_gain)
+
     def fit(self, context: int) -> int:
         """How many of a looked-up chain's drafts to verify, given its context (contextual
         policies: :meth:`choose` asked for the longest chain). 0: a plain step."""
         self._ctx = min(max(int(context), 0), len(self.by_context) - 1)
-        est = self.by_context[self._ctx]
-        # no exploration: the priors are measured, and a context priced out is not probed (a probe
-        # of 1 draft cannot test the longer chain that would pay; probing that chain instead lost
-        # 2-5 % on the replays of bench/ngram_policy_sim.py, and more prompts below 0.98x)
-        k, _ = best_chain_length(self.verify_cost, [est.mean(d) for d in range(1, self._k_cap + 1)],
-                                 self._row_cost_prior, self._k_cap, self.s.min_gain)
-        return k
+        return self._priced(self._ctx)[0]
 
     def choose(self, t_row: Optional[float]) -> DraftConfig:
         """This cycle's shape; NO_DRAFT may be returned repeatedly (see :meth:`gave_up`)."""

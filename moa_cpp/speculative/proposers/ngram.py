@@ -24,6 +24,7 @@ verifier's sibling rejection keeps exact (:func:`moa_cpp.speculative.verify.veri
 """
 from __future__ import annotations
 
+import bisect
 from typing import Optional, Sequence
 
 import numpy as np
@@ -45,11 +46,7 @@ MATCH_CLASSES = (1, 2, 3, 4, 8, 16)
 
 def match_class(length: int) -> int:
     """The index of ``length``'s class in :data:`MATCH_CLASSES` (0 for no match)."""
-    c = 0
-    for i, lo in enumerate(MATCH_CLASSES):
-        if length >= lo:
-            c = i
-    return c
+    return max(0, bisect.bisect_right(MATCH_CLASSES, length) - 1)
 
 
 class NgramIndex:
