@@ -30,10 +30,12 @@ SRC=out/cont/$ROUND
 # regenerating it; `prepare` still generates a set that is missing (another HELDOUT)
 HELDOUT_DEFAULT=out/heldout-s8; test -f bench/data/heldout-s8/data/manifest.json && HELDOUT_DEFAULT=bench/data/heldout-s8
 HELDOUT=${HELDOUT:-$HELDOUT_DEFAULT} HELDOUT_SEED=${HELDOUT_SEED:-8} HELDOUT_N=${HELDOUT_N:-320}
-# every continuation round so far: name=seed:answers (prepare regenerates their prompt lists, ~15 s
-# each, so that scoring can drop them on a new machine)
-ROUNDS=${ROUNDS:-"c1=1:1300 c2=2:3000 c3=3:4000 c4=4:3000 c5=5:6000 c6=6:6000 c7=7:2000 c8=9:6000"}
-DATA="--target smollm2 --n-samples 0 --fixed-answers $FIXED --seed $SEED"
+# every continuation round so far: name=seed:answers[:turns] (prepare regenerates their prompt lists,
+# ~15 s each, so that scoring can drop them on a new machine); turns: ShareGPT's first answers (the
+# default) or all answers with their context (TURNS=all: round c9 on, the first answers are used up)
+ROUNDS=${ROUNDS:-"c1=1:1300 c2=2:3000 c3=3:4000 c4=4:3000 c5=5:6000 c6=6:6000 c7=7:2000 c8=9:6000 c9=10:6000:all"}
+TURNS=${TURNS:-first}
+DATA="--target smollm2 --n-samples 0 --fixed-answers $FIXED --seed $SEED --sharegpt-turns $TURNS"
 # rounds after c3 never draw a held-out prompt (c1-c3 predate --exclude-prompts: scoring drops theirs);
 # c4 and c5 excluded the seed-7 set's
 exclude_heldout() {
@@ -63,12 +65,13 @@ prepare)
         [ "$name" = "$ROUND" ] && break
         seen+=(out/cont/$name)
         test -f out/cont/$name/data-fixed/prompts.jsonl && continue
-        excl=$(exclude_heldout $name) n=${spec#*:}
+        excl=$(exclude_heldout $name) n=${spec#*:} turns=first
+        case $n in *:*) turns=${n#*:} n=${n%%:*};; esac
         # the set a round excluded may be missing on a new machine: then the first n + 160 of the same
         # seeded order (the draw minus at most 160 excluded prompts, topped up) is a superset of its prompts
         if [ -n "$excl" ] && [ ! -f "${excl#--exclude-prompts }/manifest.json" ]; then excl="" n=$((n + 160)); fi
         $MOA train --target smollm2 --out out/cont/$name --n-samples 0 --fixed-answers $n --seed ${spec%%:*} \
-            --data-only $excl
+            --sharegpt-turns $turns --data-only $excl
     done
     # what the shipped drafter trained on (a GGUF does not list its prompts): its 1,200 teacher-forced
     # answers (seed 0) and, for its 153 self-distilled answers, the first 400 ShareGPT prompts of the

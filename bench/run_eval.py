@@ -26,6 +26,8 @@ Rows (all in one process, on the same GGUF, same thread count, flash attention o
   runs);
 - ``moa+ngram VARIANT`` (``--hybrid``): the MoA drafter and prompt lookup merged into one tree
   (``HybridProposer``, ``--spec-type moa,ngram``);
+- ``draft+ngram VARIANT`` (``--draft-hybrid``, with ``--draft-model``): the draft model and prompt
+  lookup merged (``--spec-type draft,ngram``): a long match drafts alone, sparing the model's rows;
 - ``oracleR VARIANT``: the test-only oracle proposer (acceptance R per token; the speed-up
   ceiling a drafter with that acceptance approaches; needs no drafter).
 
@@ -104,6 +106,9 @@ def main(argv=None) -> int:
                     help="also run prompt-lookup (n-gram) drafts at these shapes: auto:K, chain:N, tree:D,K,T")
     ap.add_argument("--hybrid", nargs="*", default=[], metavar="VARIANT",
                     help="also run the MoA drafter merged with prompt lookup (--spec-type moa,ngram) at these shapes")
+    ap.add_argument("--draft-hybrid", nargs="*", default=[], metavar="VARIANT",
+                    help="also run the --draft-model merged with prompt lookup (--spec-type draft,ngram) at these "
+                         "shapes: auto:K or chain:N")
     ap.add_argument("--skip", nargs="*", default=[], choices=["pld", "default"],
                     help="leave out llama.cpp's prompt-lookup decoding and/or the CLI default row")
     ap.add_argument("--sets", nargs="+", default=SETS, choices=SETS + list(OWN_SETS))
@@ -152,6 +157,9 @@ def main(argv=None) -> int:
     oracle_names = [f"oracle{r} {v}" for r in args.oracle for v in oracle_shapes]
     ngram_names = [f"ngram {v}" for v in args.ngram]
     hybrid_names = [f"moa+ngram {v}" for v in args.hybrid] if state else []
+    if args.draft_hybrid and not args.draft_model:
+        ap.error("--draft-hybrid needs --draft-model")
+    hybrid_names += [f"draft+ngram {v}" for v in args.draft_hybrid]
     ordered = [LLAMA] + ([PLD] if "pld" not in args.skip else []) + [PLAIN] + \
               ([DEFAULT] if drafter and "default" not in args.skip else []) + moa_names + dm_names + ngram_names + \
               hybrid_names
@@ -172,11 +180,17 @@ def main(argv=None) -> int:
     from moa_cpp.speculative.proposers import HybridProposer, NgramProposer
     ngram_loops = {n: (SpeculativeLoop(target, NgramProposer(parse_draft(v)), parse_draft(v)), parse_draft(v))
                    for n, v in zip(ngram_names, args.ngram)}
-    for n, v in zip(hybrid_names, args.hybrid):   # a drafter state of its own: the MoA rows keep theirs
+    for n, v in zip(hybrid_names, args.hybrid if state else []):   # a drafter state of its own
         hstate = DrafterState(state.model, n_ctx=args.n_ctx, n_draft_max=600, n_batch=args.n_batch)
         cfg = parse_draft(v)
         ngram_loops[n] = (SpeculativeLoop(target, HybridProposer([MoAProposer(hstate, cfg), NgramProposer(cfg)],
                                                                  ["moa", "ngram"], cfg), cfg), cfg)
+    for v in args.draft_hybrid:                   # a draft context of its own, as each draftmodel row
+        from moa_cpp.speculative.proposers import DraftModelProposer
+        cfg = parse_draft(v)
+        dm = DraftModelProposer.from_path(args.draft_model, cfg, target=target, n_batch=args.n_batch)
+        ngram_loops[f"draft+ngram {v}"] = (SpeculativeLoop(target, HybridProposer([dm, NgramProposer(cfg)],
+                                                                                  ["draft", "ngram"], cfg), cfg), cfg)
     llm = open_llama(model, n_ctx=args.n_ctx, threads=threads, n_batch=args.n_batch)
     llm_pld = pld_calls = None
     if PLD in names:

@@ -187,6 +187,37 @@ def test_hybrid_merges_and_prefers_a_confident_free_source():
     assert h.proposers[0].observed == 1
 
 
+def test_a_long_match_drafts_alone_and_the_model_source_only_keeps_up():
+    """A copy (a match of skip_models_at tokens) is drafted by the lookup alone: the model source
+    is asked for no drafts that cycle (config none: it only takes in the feed), so it costs no
+    drafter rows; a shorter match leaves both drafting. Under sampling the lookup's point-mass
+    chain is then what is verified (exact: the verifier handles q=None drafts)."""
+    class Counting(Fixed):
+        def __init__(self, toks):
+            super().__init__(toks)
+            self.modes = []
+
+        def propose(self, feed, root, pos, sp, rng=None, config=None):
+            self.modes.append(config.mode)
+            return super().propose(feed, root, pos, sp, rng, config)
+
+    model = Counting([9, 9])
+    ng = NgramProposer()
+    h = HybridProposer([model, ng], ["draft", "ngram"], DraftConfig("chain", chain=2), skip_models_at=4)
+    long_hist = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5]      # the end agrees with 5 tokens before 6
+    prop = propose_after(h, long_hist, DraftConfig("chain", chain=2))
+    assert ng.last_match >= 4 and model.modes == ["none"] and h.skipped == 1
+    assert prop.tokens.tolist() == [6, 7] and prop.sources.tolist() == [2, 2]
+    h.reset()
+    prop = propose_after(h, [4, 5, 6, 7, 4, 5], DraftConfig("chain", chain=2))   # a 2-token match
+    assert model.modes[-1] == "chain" and prop.tokens.tolist() == [6, 7, 9, 9] and h.skipped == 1
+    # skip_models_at=0: every source drafts every cycle
+    h0 = HybridProposer([Counting([9, 9]), NgramProposer()], ["draft", "ngram"], DraftConfig("chain", chain=2),
+                        skip_models_at=0)
+    prop = propose_after(h0, long_hist, DraftConfig("chain", chain=2))
+    assert h0.proposers[0].modes == ["chain"] and prop.tokens.tolist() == [6, 7, 9, 9]
+
+
 def test_stats_count_per_source():
     st = SpecStats()
     prop = merge([Proposal.chain([1, 2]), Proposal.chain([1, 3])], [0, 1], 10)
