@@ -11,8 +11,9 @@ from moa_cpp.speculative import policy as pol
 from moa_cpp.speculative.loop import SpeculativeLoop
 from moa_cpp.speculative.policy import (AcceptanceEstimate, CostAwarePolicy, best_chain_length,
                                         expected_tokens)
+from moa_cpp.speculative.proposers import HybridProposer
 from moa_cpp.speculative.proposers.ngram import MATCH_CLASSES, NgramProposer
-from moa_cpp.speculative.types import DraftConfig, SamplingParams
+from moa_cpp.speculative.types import DraftConfig, Proposal, SamplingParams
 from moa_cpp.testing.oracle import OracleProposer
 
 # T(k) / T(1) tables measured on this project's 2-core CPU (issue 9):
@@ -278,3 +279,94 @@ def test_auto_ngram_drafts_only_matches_that_pay(fx):
     assert "by match length" in st.decision and st.auto_choices.get(0, 0) > 0
     assert drafted and set(drafted) <= paying
     assert sum(st.auto_choices.values()) >= len(drafted)
+
+
+# ---------------------------------------------------------------- hybrids: a drafter priced out keeps free drafts
+
+
+class _Model:
+    """A model source (rows to pay) that drafts a fixed wrong chain and records the shapes asked."""
+
+    name, needs_capture, acceptance_prior, row_cost = "draft", False, None, None
+
+    def __init__(self):
+        self.modes = []
+
+    def reset(self):
+        pass
+
+    def rewind(self, n):
+        return n
+
+    def propose(self, feed, root, pos, sp, rng=None, config=None):
+        self.modes.append(config.mode)
+        return Proposal.empty() if config.mode == "none" else Proposal.chain([0] * config.max_nodes, draft_rows=1)
+
+
+def _hybrid(cfg):
+    return HybridProposer([_Model(), NgramProposer(cfg)], ["draft", "ngram"], cfg)
+
+
+def test_hybrid_auto_falls_back_to_the_free_source_priced_per_match():
+    """``auto`` over ``draft,ngram``: where the model source cannot pay (compute-bound table, no
+    recorded acceptance) the generation still drafts, with the lookup alone (free_only cycles,
+    priced per match); where it pays (memory-bound table) the merge drafts, model included."""
+    cfg = DraftConfig("auto", chain=8)
+    h = _hybrid(cfg)
+    p = pol.make_policy(cfg, h)
+    assert isinstance(p, pol.HybridPolicy) and isinstance(pol.make_policy(cfg, NgramProposer(cfg)), CostAwarePolicy)
+    assert isinstance(pol.make_policy(DraftConfig("chain", chain=3), h), pol.FixedPolicy)
+    p.merged.verify_cost = dict(COMPUTE_BOUND)
+    p.free.verify_cost = dict(COMPUTE_BOUND)
+    drafting, why = p.begin(_FakeTarget(), h, lambda: 62)
+    assert drafting and p.contextual and "by match length" in why and "drafter sits out" in why
+    shape = p.choose(None)
+    assert shape.free_only and shape.chain == 8
+    assert p.fit(0) == 0 and p.fit(len(MATCH_CLASSES) - 1) == 8
+    # the hybrid asks its model source for nothing on such a cycle, whatever the match
+    h.propose([4, 5, 6, 7, 4], 5, 5, SamplingParams(), None, shape)
+    assert h.proposers[0].modes == ["none"] and h.context == h.free_source.context
+    # memory-bound: the drafter's rows pay at the default prior, the merge drafts
+    q = pol.make_policy(cfg, _hybrid(cfg))
+    q.merged.verify_cost = {k: 1.0 for k in range(1, 10)}
+    drafting, why = q.begin(_FakeTarget(), _hybrid(cfg), lambda: 62)
+    assert drafting and not q.contextual and not q.choose(None).free_only
+
+
+def test_hybrid_auto_gives_the_lookup_the_cycles_a_bad_drafter_gave_up():
+    """A drafter that keeps missing makes the merged estimate give up; the hybrid policy then
+    goes on with the free source (never gives up itself), where CostAwarePolicy stopped drafting."""
+    cfg = DraftConfig("auto", chain=4)
+    p = pol.make_policy(cfg, _hybrid(cfg))
+    p.merged.verify_cost = {1: 1.0, 2: 1.4, 3: 1.7, 4: 2.0, 5: 2.3}
+    assert p.begin(_FakeTarget(), _hybrid(cfg), lambda: 62)[0] and not p.contextual
+    for _ in range(200):
+        shape = p.choose(None)
+        if shape.free_only:
+            break
+        if shape.mode != "none":
+            p.update(shape.chain, 0)
+        assert not p.gave_up()
+    assert shape.free_only and p.contextual and not p.gave_up()
+
+
+def test_auto_moa_ngram_with_the_drafter_priced_out_is_lossless_and_drafts_lookups(fx):
+    """The MoA drafter priced out (compute-bound table, poor acceptance) no longer turns the
+    lookups off: the drafter sits out (no MoA drafts), n-gram drafts are verified, and the
+    output is the target's own."""
+    from moa_cpp.speculative.proposers import make_proposer, moa_state
+    g, gen = fx
+    cfg = DraftConfig("auto", chain=6)
+    prop = make_proposer(("moa", "ngram"), gen.target, cfg, drafter=gen.proposer.state.model)
+    assert moa_state(prop) is not None
+    loop = SpeculativeLoop(gen.target, prop, cfg)
+    p = loop.policy_for(cfg)
+    assert isinstance(p, pol.HybridPolicy)
+    p.merged.verify_cost = {k: v * 0.01 for k, v in COMPUTE_BOUND.items()}
+    p.merged.acceptance = AcceptanceEstimate([0.2], 12.0)
+    p.free.verify_cost = {k: 0.01 for k in range(1, 10)}          # lookups pay at any match here
+    ref = g["target_greedy"].tolist()
+    toks, st = _run(loop, g["prompt_ids"].tolist(), len(ref), cfg)
+    assert toks == ref
+    assert "drafter sits out" in st.decision and st.drafted > 0
+    assert st.by_source.get("moa", {}).get("proposed", 0) == 0 and st.by_source["ngram"]["proposed"] > 0

@@ -14,7 +14,7 @@ several loops on several targets / drafter states may run in parallel threads.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
@@ -96,7 +96,7 @@ def fit_chain(cfg: DraftConfig, left: int) -> DraftConfig:
     the exact batch size would only waste drafter work, so ask for no more than fits (NO_DRAFT
     when nothing does). The loop's and the remote client's cycle both shape drafts with it."""
     if cfg.mode == "chain" and cfg.chain > left:
-        return DraftConfig("chain", chain=left, budget=min(cfg.budget, left)) if left > 0 else NO_DRAFT
+        return replace(cfg, chain=left, budget=min(cfg.budget, left)) if left > 0 else NO_DRAFT
     return cfg
 
 
@@ -149,7 +149,7 @@ class SpeculativeLoop:
         """The policy object of a draft setting (cost-aware ones persist across generations)."""
         key = str(cfg)
         if key not in self._policies:
-            self._policies[key] = make_policy(cfg)
+            self._policies[key] = make_policy(cfg, self.proposer)
         return self._policies[key]
 
     def needs_calibration(self) -> bool:

@@ -68,6 +68,9 @@ class DraftConfig:
     ``budget`` (0: none): the most draft nodes a cycle may verify in all, whatever the shape; the
     cost-aware policy sets it to the k drafts it priced, so that a proposer merging several
     sources (:mod:`moa_cpp.speculative.proposers.hybrid`) stays within that price.
+    ``free_only``: such a proposer drafts with its free sources (prompt lookup) alone this cycle,
+    the model sources only taking in the verified tokens (the cost-aware policy's choice while
+    the model sources' rows do not pay: :class:`~moa_cpp.speculative.policy.HybridPolicy`).
     """
 
     mode: str = "chain"
@@ -76,6 +79,7 @@ class DraftConfig:
     topk: int = 8
     total: int = 62
     budget: int = 0
+    free_only: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ("chain", "tree", "none", "auto"):

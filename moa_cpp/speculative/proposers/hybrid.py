@@ -83,6 +83,18 @@ class HybridProposer:
         self.row_cost = None            # measured: the drafter rows of the model sources
 
     @property
+    def free_source(self):
+        """The first free source (prompt lookup), or None: what drafts alone when the model
+        sources do not pay (``DraftConfig.free_only``, the cost-aware HybridPolicy)."""
+        return next((p for p in self.proposers if p.row_cost == 0.0), None)
+
+    @property
+    def context(self) -> int:
+        """The free source's context of this cycle (its match-length class), for a policy that
+        prices its drafts per match."""
+        return getattr(self.free_source, "context", 0)
+
+    @property
     def name(self) -> str:
         return ",".join(self.names)
 
@@ -115,7 +127,7 @@ class HybridProposer:
         props: list = [None] * len(self.proposers)
         for s in free:                     # lookups first: a long match spares the models' rows
             props[s] = self.proposers[s].propose(feed, root, pos, sp, rng, cfg)
-        alone = bool(self.skip_models_at) and any(
+        alone = cfg.free_only or bool(self.skip_models_at) and any(
             props[s].n and getattr(self.proposers[s], "last_match", 0) >= self.skip_models_at for s in free)
         self.skipped += alone and len(free) < len(props)
         for s, p in enumerate(self.proposers):
