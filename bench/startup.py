@@ -90,6 +90,19 @@ def run(cmd: list, env: dict, timeout: int) -> tuple[float, str, str]:
     return wall, p.stdout.strip(), p.stderr
 
 
+def bytecode_state() -> dict:
+    """Whether moa_cpp's sources have up-to-date .pyc files, as a wheel install has (pip compiles
+    them; llama-cpp-python's are). An editable install under PYTHONDONTWRITEBYTECODE has none
+    unless compiled (scripts/setup.sh runs compileall), and then every process recompiles
+    moa_cpp: ~40 ms that a user's install does not pay."""
+    import importlib.util
+    import moa_cpp
+    srcs = list(Path(moa_cpp.__file__).parent.rglob("*.py"))
+    fresh = sum(1 for f in srcs if (c := Path(importlib.util.cache_from_source(str(f)))).is_file()
+                and c.stat().st_mtime >= f.stat().st_mtime)
+    return {"modules": len(srcs), "compiled": fresh, "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE")}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -110,6 +123,11 @@ def main(argv=None) -> int:
     cmds = {k: v for k, v in commands(model, args.prompt, args.max_tokens, threads).items() if k in args.methods}
     cache = tempfile.TemporaryDirectory(prefix="moa-startup-cache-")
     env = dict(os.environ, MOA_CPP_CACHE=cache.name)
+    bytecode = bytecode_state()
+    if bytecode["compiled"] < bytecode["modules"] and bytecode["PYTHONDONTWRITEBYTECODE"]:
+        print(f"note: {bytecode['modules'] - bytecode['compiled']} moa_cpp modules have no up-to-date .pyc and "
+              "PYTHONDONTWRITEBYTECODE is set: each process recompiles them (python -m compileall -q moa_cpp)",
+              flush=True)
     t_start = time.perf_counter()
     first = {}
     for k, cmd in cmds.items():                  # warm-up: page cache, and the first run's calibration
@@ -149,13 +167,15 @@ def main(argv=None) -> int:
         f"template, {threads} threads, {args.reps} repetitions (alternating) after a warm-up run each, "
         f"{elapsed:.0f} s in all. Ratio = llama-cpp-python's median process time / this method's (> 1: faster). "
         "`first run s`: the warm-up run, with an empty MOA_CPP_CACHE (moa-cpp measures T(k) and the exact "
-        "batch size after printing its output, once per model).", "",
+        "batch size after printing its output, once per model). moa_cpp bytecode: "
+        f"{bytecode['compiled']}/{bytecode['modules']} modules with an up-to-date .pyc "
+        f"(PYTHONDONTWRITEBYTECODE={bytecode['PYTHONDONTWRITEBYTECODE'] or 'unset'}).", "",
         md_table(hdr, table), "", "Commands:", ""] + [f"- `{k}`: `{' '.join(cmds[k][:2]) if k in ('llama', 'moa-stop36') else ' '.join(cmds[k])}`"
                                                       for k in cmds])
     print("\n" + md, flush=True)
     info = run_info(threads)
     doc = {"run": info, "model": model, "prompt": args.prompt, "max_tokens": args.max_tokens, "reps": args.reps,
-           "elapsed_s": elapsed, "rows": rows, "walls": walls, "texts": texts}
+           "elapsed_s": elapsed, "bytecode": bytecode, "rows": rows, "walls": walls, "texts": texts}
     write_results(args.name, doc, md, lambda plt: plot(plt, rows), out_dir=args.results_dir, info=info)
     cache.cleanup()
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import llama_cpp  # noqa: F401  (must be loaded before libmoa; see module docstring)
@@ -25,7 +26,10 @@ _REPO = _PKG.parent
 
 
 def _header_path() -> Path:
-    for p in (_PKG / "include" / "moa.h", _REPO / "native" / "include" / "moa.h", *_installed("include/moa.h")):
+    for p in (_PKG / "include" / "moa.h", _REPO / "native" / "include" / "moa.h"):
+        if p.is_file():
+            return p
+    for p in _installed("include/moa.h"):   # importlib.metadata: only where the cheap places fail
         if p.is_file():
             return p
     raise MoaError(f"moa.h not found next to the package ({_PKG / 'include'}) or in the source tree")
@@ -51,19 +55,25 @@ def _cdef_source(text: str) -> str:
     return "\n".join(lines)
 
 
-def _library_candidates() -> list[Path]:
+def _library_candidates():
+    """Where libmoa may be, in order; the caller stops at the first that exists, so the slow
+    look-up (importlib.metadata: ~8 ms of imports, paid by every one-shot process) runs only
+    when the cheap places hold nothing."""
     env = os.environ.get("MOA_CPP_LIB")
-    cands = [Path(env)] if env else []
     names = ["libmoa.so", "libmoa.dylib", "moa.dll"]
-    dirs = [_PKG / "lib"]
-    try:  # an editable install keeps the built library in site-packages, not next to the sources
-        from importlib.metadata import distribution
-        dirs.append(Path(distribution("moa_cpp").locate_file("moa_cpp/lib")))
-    except Exception:  # not installed as a distribution: only the package dir / MOA_CPP_LIB
-        pass
+    if env:
+        yield Path(env)
+    # an editable install keeps the built library in site-packages, not next to the sources:
+    # moa_cpp/lib under each import path entry, in import order
+    dirs = [_PKG / "lib"] + [Path(e) / "moa_cpp" / "lib" for e in sys.path if e and Path(e).resolve() != _REPO]
     for d in dirs:
-        cands += [d / n for n in names]
-    return cands
+        yield from (d / n for n in names)
+    try:
+        from importlib.metadata import distribution
+        d = Path(distribution("moa_cpp").locate_file("moa_cpp/lib"))
+    except Exception:  # not installed as a distribution: only the places above
+        return
+    yield from (d / n for n in names)
 
 
 def _make_ffi():

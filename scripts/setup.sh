@@ -59,4 +59,9 @@ fi
 # multi-GB CUDA build); everything else installs from pyproject's extras.
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q --no-build-isolation -e ".[test,models,train,bench,server]"
+# Byte-compile the editable sources once, as pip does for a wheel install: where
+# PYTHONDONTWRITEBYTECODE is set (CI images, sandboxes), every process would otherwise recompile
+# moa_cpp (~40 ms of a one-shot `moa-cpp generate`, bench/startup.py). A stale .pyc is harmless:
+# Python checks the source's mtime and compiles the newer source in memory.
+python -m compileall -q moa_cpp > /dev/null
 python -c "import moa_cpp.drafter as d, moa_cpp._native as n, moa_cpp.devices as v; print('moa_cpp ready:', n.LIBRARY_PATH, '| devices:', ', '.join(v.list_devices()))"
