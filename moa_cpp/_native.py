@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import re
 import sys
+from itertools import chain
 from pathlib import Path
+from typing import Iterator
 
 import llama_cpp  # noqa: F401  (must be loaded before libmoa; see module docstring)
 from cffi import FFI
@@ -26,21 +28,22 @@ _REPO = _PKG.parent
 
 
 def _header_path() -> Path:
-    for p in (_PKG / "include" / "moa.h", _REPO / "native" / "include" / "moa.h"):
-        if p.is_file():
-            return p
-    for p in _installed("include/moa.h"):   # importlib.metadata: only where the cheap places fail
+    for p in chain((_PKG / "include" / "moa.h", _REPO / "native" / "include" / "moa.h"), _installed("include/moa.h")):
         if p.is_file():
             return p
     raise MoaError(f"moa.h not found next to the package ({_PKG / 'include'}) or in the source tree")
 
 
-def _installed(rel: str) -> list[Path]:
+def _installed(rel: str) -> Iterator[Path]:
+    """``moa_cpp/<rel>`` where the installed distribution puts it. A generator: importlib.metadata
+    (~8 ms of imports, paid by every one-shot process) is imported only when a caller gets this
+    far, i.e. when the cheap places before it hold nothing."""
     try:
         from importlib.metadata import distribution
-        return [Path(distribution("moa_cpp").locate_file(f"moa_cpp/{rel}"))]
+        path = Path(distribution("moa_cpp").locate_file(f"moa_cpp/{rel}"))
     except Exception:  # not installed as a distribution
-        return []
+        return
+    yield path
 
 
 def _cdef_source(text: str) -> str:
@@ -55,25 +58,16 @@ def _cdef_source(text: str) -> str:
     return "\n".join(lines)
 
 
-def _library_candidates():
-    """Where libmoa may be, in order; the caller stops at the first that exists, so the slow
-    look-up (importlib.metadata: ~8 ms of imports, paid by every one-shot process) runs only
-    when the cheap places hold nothing."""
+def _library_candidates() -> Iterator[Path]:
+    """Where libmoa may be, in order; the caller stops at the first that exists."""
     env = os.environ.get("MOA_CPP_LIB")
-    names = ["libmoa.so", "libmoa.dylib", "moa.dll"]
     if env:
         yield Path(env)
     # an editable install keeps the built library in site-packages, not next to the sources:
-    # moa_cpp/lib under each import path entry, in import order
-    dirs = [_PKG / "lib"] + [Path(e) / "moa_cpp" / "lib" for e in sys.path if e and Path(e).resolve() != _REPO]
-    for d in dirs:
-        yield from (d / n for n in names)
-    try:
-        from importlib.metadata import distribution
-        d = Path(distribution("moa_cpp").locate_file("moa_cpp/lib"))
-    except Exception:  # not installed as a distribution: only the places above
-        return
-    yield from (d / n for n in names)
+    # moa_cpp/lib under each import path entry, in import order, before the distribution record
+    cheap = [_PKG / "lib"] + [Path(e) / "moa_cpp" / "lib" for e in sys.path if e and Path(e).resolve() != _REPO]
+    for d in chain(cheap, _installed("lib")):
+        yield from (d / n for n in ("libmoa.so", "libmoa.dylib", "moa.dll"))
 
 
 def _make_ffi():

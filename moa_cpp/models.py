@@ -85,7 +85,9 @@ def _in_package_dir(dist: str, filename: str) -> Optional[Path]:
         spec = importlib.util.find_spec(dist.replace("-", "_"))
     except (ImportError, ValueError):
         return None
-    for d in (spec.submodule_search_locations or []) if spec is not None else []:
+    if spec is None:
+        return None
+    for d in spec.submodule_search_locations or []:
         p = Path(d) / filename
         if p.is_file():
             return p.resolve()
