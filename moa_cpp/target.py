@@ -194,7 +194,8 @@ class Target:
         if self._model is None:
             raise MoaError("the target is closed")
         t = Target(self._model, self.path, owns_model=False, keep_alive=self,
-                   n_ctx=n_ctx or self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                   n_ctx=n_ctx or self.n_ctx, n_batch=self.n_batch,
+                   n_ubatch=self.n_ubatch if self.n_ubatch_given else None,
                    n_threads=n_threads if n_threads is not None else self.n_threads,
                    n_seq_max=self.n_seq_max, cache_type=self.cache_type,
                    install_callback=self._has_callback, flash_attn=self.flash_attn, kv_unified=self.kv_unified)
@@ -228,6 +229,8 @@ class Target:
             # llama.cpp reserves max(n_outputs, n_seq_max) output rows and asserts (aborts the
             # process) when that exceeds n_batch (llama-context.cpp output_reserve).
             raise InvalidArgumentError(f"n_seq_max ({n_seq_max}) must be <= n_batch ({n_batch})")
+        # the user's -ub is the prefill's chunk; unset, the prompt cache picks one (PrefixCache.shape)
+        self.n_ubatch_given: bool = n_ubatch is not None
         n_ubatch = n_batch if n_ubatch is None else n_ubatch
         threads = n_threads or _default_threads()
         self.n_threads: int = threads
