@@ -3,7 +3,8 @@ server (``moa-cpp serve``). Needs no web framework: the client speaks HTTP with 
 
 - :mod:`.protocol` -- messages, the CA codec, validation (both sides);
 - :mod:`.transport` -- the one HTTP client (protocol calls, downloads, health probe);
-- :mod:`.client` -- :class:`~.client.RemoteGenerator`; :mod:`.run` -- one generation's cycles and
+- :mod:`.client` -- :class:`~.client.RemoteGenerator`; :mod:`.client_parts` -- what it loads once
+  (drafter, proposer, vocabulary, connection, settings); :mod:`.run` -- one generation's cycles and
   offline drafting; :mod:`.replies` -- checks of the server's answers; :mod:`.results` -- events,
   stats, result; :mod:`.files` -- which drafter / target / vocabulary a client runs;
 - :mod:`.bundle` -- the client bundle's identity, reading and checks; :mod:`.bundle_write`

@@ -1,8 +1,9 @@
 """The client of client-server MoA: the drafter runs here, the target on a ``moa-cpp serve``.
 
 :class:`RemoteGenerator` loads the files (:mod:`.files`), holds the drafter, the vocabulary and
-the connection (:mod:`.transport`), and runs each generation as a :class:`~.run.RemoteRun`: one
-server call per cycle, so calls per generated token = 1/tau.
+the connection (:mod:`.transport`) -- its :class:`~.client_parts.ClientParts` -- and runs each
+generation as a :class:`~.run.RemoteRun`: one server call per cycle, so calls per generated token
+= 1/tau.
 
 Example::
 
@@ -13,26 +14,18 @@ Example::
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-from ..drafter import DrafterModel
-from ..generator import parse_draft
-from ..speculative.proposers import make_proposer, moa_state
-from . import protocol as P
-from .files import resolve_files
+from .client_parts import ClientParts
 from .results import Event, RemoteResult, RemoteStats
 from .run import RemoteRun
-from .transport import RemoteError, Transport
+from .transport import RemoteError
 
 # the public names of client-server MoA's client, importable from here
 __all__ = ["RemoteGenerator", "RemoteError", "RemoteResult", "RemoteStats", "Event"]
 
-PathLike = Union[str, Path, None]
 
-
-class RemoteGenerator:
+class RemoteGenerator(ClientParts):
     """Generate with the drafter here and the target on a ``moa-cpp serve`` at ``url``.
 
     What the client loads, in order (:func:`~moa_cpp.remote.files.resolve_files`):
@@ -55,39 +48,7 @@ class RemoteGenerator:
     Greedy output equals the target's plain greedy decoding; with temperature > 0 every token is
     the target's own sample (drafts are deterministic and verified as point masses)."""
 
-    def __init__(self, url: str, *, bundle: PathLike = None, drafter: PathLike = None, target: PathLike = None,
-                 api_key: Optional[str] = None, draft: str = "chain:4", ca_dtype: str = "f16", timeout: float = 30.0,
-                 n_ctx: int = 4096, n_threads: Optional[int] = None, use_msgpack: bool = True,
-                 max_unverified: int = 128, resync_wait: float = 30.0, probe_timeout: float = 1.0,
-                 on_call: Optional[Callable[[dict], None]] = None, trust_server_bundle: bool = False,
-                 bundle_id: Optional[str] = None) -> None:
-        import llama_cpp
-
-        from ..llama_log import log_chosen, set_llama_log
-        if not log_chosen():                 # llama.cpp's log lines only if someone asked for them
-            set_llama_log(False)
-        if ca_dtype not in P.CA_DTYPES:
-            raise ValueError(f"ca_dtype must be one of {', '.join(P.CA_DTYPES)}")
-        self.draft = parse_draft(draft)
-        if self.draft.mode not in ("chain", "tree"):
-            raise ValueError("draft must be chain:N or tree:D,K,T in client-server mode")
-        self.ca_dtype = ca_dtype
-        key = api_key if api_key is not None else os.environ.get("MOA_API_KEY") or None
-        drafter, target, vocab_path, self.bundle = resolve_files(url, key, timeout, bundle, drafter, target,
-                                                                 trust_server_bundle, bundle_id)
-        self.bundle_id: Optional[str] = self.bundle.bundle_id if self.bundle is not None else None
-        self.model = DrafterModel(drafter, target, n_threads=n_threads)
-        self.max_unverified, self.resync_wait, self.probe_timeout = int(max_unverified), resync_wait, probe_timeout
-        # offline drafting keeps the unverified chain as pending draft rows
-        self.proposer = make_proposer("moa", None, self.draft, drafter=self.model, n_ctx=n_ctx,
-                                      n_draft_max=max(1 + 16 * 16, self.max_unverified + 2))
-        self.state = moa_state(self.proposer)
-        self.vocab = llama_cpp.Llama(str(vocab_path), vocab_only=True, verbose=False)
-        self.n_ctx, self.n_vocab = int(n_ctx), int(self.vocab.n_vocab())
-        ctype = P.MSGPACK if use_msgpack and P.has_msgpack() else P.JSON
-        self.http = Transport(url, key, timeout, ctype)
-        self.on_call = on_call
-        self._last_run: Optional[RemoteRun] = None
+    _last_run: Optional[RemoteRun] = None     # the latest generation (verify_pending resumes only it)
 
     def chat_prompt(self, messages: list) -> list:
         """Token ids of ``messages`` in the target GGUF's chat template (as single-device
@@ -134,6 +95,3 @@ class RemoteGenerator:
         if result._run is None or result._run is not self._last_run:
             raise ValueError("only the latest generation of this RemoteGenerator can be resumed")
         return result._run.resume(wait)
-
-    def close(self) -> None:
-        self.http.close()

@@ -24,7 +24,7 @@ from .results import Event, RemoteResult, RemoteStats
 from .transport import UNAVAILABLE, RemoteError
 
 if TYPE_CHECKING:
-    from .client import RemoteGenerator
+    from .client_parts import ClientParts
 
 
 class Unavailable(Exception):
@@ -51,7 +51,7 @@ class RemoteRun:
 
     MAX_CHAIN = 62          # tokens per verify of an unverified tail where the server has no resync
 
-    def __init__(self, client: "RemoteGenerator", prompt: list, max_tokens: int, sampling: dict,
+    def __init__(self, client: "ClientParts", prompt: list, max_tokens: int, sampling: dict,
                  on_event: Optional[Callable[[Event], None]], on_call: Optional[Callable[[dict], None]] = None) -> None:
         self.client, self.prompt, self.max_tokens, self.sampling = client, prompt, max_tokens, sampling
         self.on_event, self.on_call = on_event, on_call
