@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from helpers import fixture_generator
 
+from moa_cpp.speculative import cost_aware, verify_cost
 from moa_cpp.speculative import policy as pol
 from moa_cpp.speculative.loop import SpeculativeLoop
 from moa_cpp.speculative.policy import (AcceptanceEstimate, CostAwarePolicy, best_chain_length,
@@ -88,7 +89,7 @@ def test_cost_aware_begin_decides_before_the_first_cycle():
 
 
 def test_cost_aware_without_measurement_decodes_plainly_and_asks_for_calibration(monkeypatch):
-    monkeypatch.setattr(pol, "cached_verify_cost", lambda target, ks=(): None)
+    monkeypatch.setattr(cost_aware, "cached_verify_cost", lambda target, ks=(): None)
     p = CostAwarePolicy(8)
     prop = type("P", (), {"acceptance_prior": None, "row_cost": None})()
     asked = []
@@ -249,7 +250,7 @@ def test_calibration_times_the_sizes_the_exactness_search_did_not(tmp_path, monk
     def measure(target, ks, reps, use_cache):
         measured.append(tuple(ks))
         return {k: 1.0 + 0.5 * (k - 1) for k in ks}
-    monkeypatch.setattr(pol, "measure_verify_cost", measure)
+    monkeypatch.setattr(verify_cost, "measure_verify_cost", measure)
     t = type("T", (), {"_max_exact_rows": None})()
     cost = pol.calibrate_verify_cost(t, 8)
     assert measured == [tuple(range(3, 10))] and sorted(cost) == list(range(1, 10))
