@@ -28,6 +28,7 @@ from .types import (NO_DRAFT, DraftConfig, Proposal, Proposer, SamplingParams, S
 from .grammar import Grammar, constrain_rows
 from .penalties import adjust_rows
 from .prefix_cache import PrefixCache
+from .draws import Draws, DrawCursor
 from .verify import probs_from_logits, verify
 
 
@@ -48,7 +49,7 @@ class Generation:
     max_tokens: int
     sp: SamplingParams
     policy: Policy
-    rng: Optional[np.random.Generator]
+    draws: Optional[Draws]         # sampling: the uniform that chooses each token (None: greedy)
     stats: SpecStats
     root: int = -1                 # last emitted token, not yet decoded by the target
     n: int = 0                     # its position (= verified tokens in the target's KV cache)
@@ -63,6 +64,11 @@ class Generation:
     history: list = field(default_factory=list)  # emitted tokens (the root last): penalties' window
     grammar: Optional[Grammar] = None  # the grammar's state after every emitted token (the root too)
     ids: list = field(default_factory=list)      # the token at every position: prompt, then the roots
+    drawn: int = 0                 # sampling: tokens chosen so far (the next one takes draw ``drawn``)
+
+    def cursor(self) -> Optional[DrawCursor]:
+        """The draws from the next token on (None when greedy)."""
+        return None if self.draws is None else self.draws.at(self.drawn)
 
 
 def _eog_masked(logits: np.ndarray, target: Target, sp: SamplingParams) -> np.ndarray:
@@ -100,10 +106,13 @@ def fit_chain(cfg: DraftConfig, left: int) -> DraftConfig:
     return cfg
 
 
-def _sample(logits: np.ndarray, sp: SamplingParams, rng: Optional[np.random.Generator]) -> int:
-    if sp.greedy:
+def _sample(logits: np.ndarray, g: Generation) -> int:
+    """The next token from one row, as plain decoding chooses it (arg-max, or the generation's
+    next draw: :mod:`~moa_cpp.speculative.draws`)."""
+    if g.sp.greedy:
         return int(np.argmax(logits))
-    return int(rng.choice(logits.shape[-1], p=probs_from_logits(logits, sp)))
+    g.drawn += 1
+    return g.draws.sample(probs_from_logits(logits, g.sp), g.drawn - 1)
 
 
 class SpeculativeLoop:
@@ -185,7 +194,7 @@ class SpeculativeLoop:
         cfg = (draft or self.draft) if self.proposer is not None else NO_DRAFT
         policy = self.policy_for(cfg)
         drafting, why = policy.begin(tgt, self.proposer, lambda: max(0, self.batch_rows(cfg) - 1))
-        g = Generation(max_tokens, sp, policy, np.random.default_rng(sp.seed) if not sp.greedy else None,
+        g = Generation(max_tokens, sp, policy, Draws(sp.seed) if not sp.greedy else None,
                        SpecStats(n_prompt=int(prompt.size), decision=why), drafting=drafting,
                        n_logprobs=-1 if logprobs is None else int(logprobs),
                        grammar=Grammar.compile(tgt, sp.grammar, sp.grammar_root) if sp.grammar else None)
@@ -193,19 +202,18 @@ class SpeculativeLoop:
             # before the prefill: measuring it (once per model, cached) uses the KV cache
             g.max_rows = self.batch_rows(cfg)
         capture = drafting and bool(getattr(self.proposer, "needs_capture", False))
+        self.prefix.shape()      # the prefill chunk: may measure the exact batch size (once per model)
         t0 = time.perf_counter()
         kept, seen = self.prefix.prepare(prompt, self.proposer, drafting, capture, reuse)
         g.stats.n_cached = kept
-        for off in range(kept, prompt.size, tgt.n_batch):
-            chunk = prompt[off: off + tgt.n_batch]
-            last = off + chunk.size >= prompt.size
-            logits = tgt.decode(chunk, np.arange(off, off + chunk.size, dtype=np.int32), capture=capture,
-                                logits="last" if last else None)
+        for off, end in self.prefix.chunks(kept, prompt.size):    # fixed absolute positions
+            logits = tgt.decode(prompt[off:end], np.arange(off, end, dtype=np.int32), capture=capture,
+                                logits="last" if end == prompt.size else None)
             g.stats.prefill_calls += 1
             if capture:
                 self.proposer.observe(tgt.captured_lsa_in(), off)
         last_row = adjust_rows(_eog_masked(logits[-1:], tgt, sp), sp, g.history)[0]
-        g.root = _sample(self._constrained(g, last_row[None])[0], sp, g.rng)
+        g.root = _sample(self._constrained(g, last_row[None])[0], g)
         g.stats.t_prefill = time.perf_counter() - t0
         g.feed, g.n = list(prompt[seen:]), int(prompt.size)
         g.ids = list(prompt) + [g.root]
@@ -246,7 +254,9 @@ class SpeculativeLoop:
         t_target = time.perf_counter() - t
         rows = adjust_rows(_eog_masked(scores.logits, self.target, g.sp), g.sp, g.history, proposal)
         scores.logits = self._constrained(g, rows, proposal)
-        verdict = verify(proposal, scores.logits, g.sp, g.rng)
+        verdict = verify(proposal, scores.logits, g.sp, g.cursor())
+        if not g.sp.greedy:
+            g.drawn += verdict.n_accepted + 1
         if self.on_cycle is not None:
             self.on_cycle(g.n, g.root, proposal, scores, verdict)
         g.carry = self.scorer.commit(g.n, proposal, scores, verdict)
@@ -285,7 +295,7 @@ class SpeculativeLoop:
             return self._finish(g, "length")
         t_target = time.perf_counter() - t
         logits = adjust_rows(_eog_masked(logits, self.target, g.sp), g.sp, g.history)
-        nxt = _sample(self._constrained(g, logits)[0], g.sp, g.rng)
+        nxt = _sample(self._constrained(g, logits)[0], g)
         if self.on_cycle is not None:
             self.on_cycle(g.n, g.root, Proposal.empty(), Scores(logits, np.zeros(1, np.int64)), Verdict([], [], nxt))
         g.feed.append(g.root)
@@ -340,7 +350,7 @@ class SpeculativeLoop:
     def _propose(self, g: Generation, cfg: DraftConfig) -> Proposal:
         if cfg.mode == "none":
             return Proposal.empty()
-        proposal = self.proposer.propose(g.feed, g.root, g.n, g.sp, g.rng, cfg)
+        proposal = self.proposer.propose(g.feed, g.root, g.n, g.sp, g.cursor(), cfg)
         g.feed = []
         if g.policy.contextual:
             # a free lookup priced after the fact: keep the drafts that pay for this match

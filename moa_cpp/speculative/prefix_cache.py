@@ -1,75 +1,143 @@
-"""Prompt-cache reuse: what a loop's caches hold after a generation, and how much of the next
-prompt they spare.
+"""Prompt-cache reuse that is exact by construction: a reused KV cell is one a fresh prefill of
+the new prompt would compute bit for bit the same, so an answer never depends on what the
+caches held before (issue 41).
 
-After a generation the target's KV cache holds the prompt and the verified tokens at positions
-0..n - 1 (less the carry: accepted tokens still to be re-decoded); the proposer holds its own
-view of a prefix of them (the MoA drafter's CA + SA, the n-gram index, a draft model's KV). The
-next prompt decodes only what follows the prefix it shares with them.
+Why reuse is not free: llama.cpp's kernels switch with a batch's row count, so the K/V of a
+position computed inside a 73-row prefill can differ in the last bits from the same position
+computed inside a 52-row one; a prompt that reuses such cells can part from a fresh prefill's
+answer at a near-tie. Two rules keep every reused cell equal to a fresh prefill's:
+
+- **Canonical** (the prefill chunk ``U`` <= the target's exact batch size ``E``, measured once
+  per model: batches of up to E rows compute every row bit for bit as a one-token decode does):
+  every cell the loop writes -- prefill chunks, verification batches (at most E rows), plain
+  steps -- holds exactly what token-by-token decoding computes, and so does a fresh prefill.
+  Everything the caches hold can be reused, an earlier answer included.
+- **Aligned** (otherwise: a large ``-ub``, a target exact only for small batches, GPUs): the
+  prefill decodes chunks of ``U`` tokens at fixed absolute positions (0..U-1, U..2U-1, ...).
+  A fresh prefill of a prompt computes each full chunk from the same tokens in the same batch
+  shape, so only whole chunks that an earlier prefill computed from the same tokens are
+  reused; the partial last chunk and every cell written while decoding (an earlier answer) are
+  computed again, as a fresh prompt's prefill would.
+
+``U`` is the context's ``n_ubatch`` where the user set it (``-ub``); by default it is the
+target's exact batch size when that is at least :data:`AUTO_MIN_ROWS` rows (capped at
+``n_ubatch``), so that the common case is canonical, else ``n_ubatch``.
 
 Trust: the target's ``kv_version`` is bumped by every write to its KV cache, so a cache someone
 else wrote since (calibration, exactness checks, a remote session on the same context) is never
 reused. Sliding-window caches (n_swa > 0) may have evicted a prefix's cells: never reused.
-
-Exactness: the reused prefix's K/V were computed in other batch shapes than a fresh prefill's.
-Greedy output is the same as from empty caches wherever the target computes every batch size
-used bit for bit alike (SmolLM2 on the CPU: batches up to 63 rows, so ``n_ubatch`` <= 63); with
-larger ubatches they differ in the last bits, as with llama.cpp's own prompt cache
-(tests/test_prompt_cache.py, bench/prompt_cache.py).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
 from ..errors import MoaError
+from ..target import MAX_VERIFY_ROWS
+
+# The smallest exact batch worth prefilling in: below it the default chunk is n_ubatch (aligned
+# reuse), above it the prefill runs in exact chunks (canonical reuse). Prefill speed on the CPU
+# is flat from about this size on (bench/prompt_cache.py --ubatch).
+AUTO_MIN_ROWS = 16
 
 
 class PrefixCache:
-    """The tokens a :class:`~moa_cpp.speculative.loop.SpeculativeLoop`'s caches hold."""
+    """The tokens a :class:`~moa_cpp.speculative.loop.SpeculativeLoop`'s caches hold, and which of
+    them a new prompt may reuse."""
 
     def __init__(self, target: Any) -> None:
         self.target = target
         self._last: Optional[tuple] = None      # (target.kv_version, Generation) after the latest write
+        self._exact_end = 0                     # aligned rule: cells < this are whole prefill chunks
+        self._shape: Optional[tuple] = None     # (U, canonical), decided once per target
+
+    # ------------------------------------------------------------------ the prefill's shape
+
+    def shape(self) -> tuple[int, bool]:
+        """``(U, canonical)``: the prefill chunk and whether every cell the loop writes equals
+        token-by-token decoding's (see the module's doc). Measures the target's exact batch size
+        the first time where it is needed (once per model, cached on disk; uses the KV cache)."""
+        if self._shape is None:
+            t = self.target
+            u = int(t.n_ubatch)
+            if not getattr(t, "n_ubatch_given", True):
+                e = t.exact_rows(min(u, MAX_VERIFY_ROWS))
+                if e >= AUTO_MIN_ROWS:
+                    u = min(u, e)
+            # verification batches are cut to the exact size only where it is 2+ rows
+            canonical = u <= MAX_VERIFY_ROWS and t.exact_rows(max(u, 2)) >= max(u, 2)
+            self._shape = (u, canonical)
+        return self._shape
+
+    def chunks(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+        """The prefill's decode calls ``[a, b)`` from ``start`` to ``end``: one chunk of the
+        fixed absolute grid of ``U`` positions each (the first may start inside one: ``start`` is
+        on the grid under the aligned rule, anywhere under the canonical one)."""
+        u = self.shape()[0]
+        a = start
+        while a < end:
+            b = min(end, (a // u + 1) * u)
+            yield a, b
+            a = b
+
+    # ------------------------------------------------------------------ what the caches hold
+
+    def begin(self, prompt_len: int) -> None:
+        """A prefill of ``prompt_len`` tokens starts: under the aligned rule only its whole
+        chunks will be reusable."""
+        u, canonical = self.shape()
+        self._exact_end = prompt_len if canonical else (prompt_len // u) * u
 
     def record(self, g: Any) -> None:
         """The loop wrote the target's KV cache for generation ``g`` (after every step)."""
         self._last = (self.target.kv_version, g)
 
     def _held(self) -> Optional[np.ndarray]:
+        """The tokens at positions 0.. whose cells a fresh prefill would compute the same."""
         if self._last is None or self._last[0] != self.target.kv_version:
             return None
         g = self._last[1]
-        return np.asarray(g.ids[: g.n - len(g.carry)], dtype=np.int32)
+        end = g.n - len(g.carry)
+        if not self.shape()[1]:
+            end = min(end, self._exact_end)     # cells written while decoding: computed again
+        return np.asarray(g.ids[:end], dtype=np.int32)
 
     @property
     def n_cached(self) -> int:
-        """Tokens the target's KV cache holds (0: none that can be trusted)."""
+        """Tokens the target's KV cache holds that a prompt may reuse (0: none)."""
         held = self._held()
         return 0 if held is None else int(held.size)
 
     def common(self, prompt: np.ndarray) -> int:
-        """Leading prompt tokens the target's KV cache holds at their positions (at most all but
-        the last: its row gives the first token)."""
+        """Leading prompt tokens whose cells may be reused: held at their positions, at most all
+        but the last (its row gives the first token), whole chunks under the aligned rule."""
         held = self._held()
         if held is None or self.target.n_swa > 0:
             return 0
         n = min(held.size, prompt.size - 1)
         diff = np.flatnonzero(held[:n] != prompt[:n])
-        return int(diff[0]) if diff.size else n
+        return self._align(int(diff[0]) if diff.size else n)
+
+    def _align(self, n: int) -> int:
+        u, canonical = self.shape()
+        return n if canonical else (n // u) * u
 
     def prepare(self, prompt: np.ndarray, proposer: Any, drafting: bool, capture: bool,
                 reuse: bool) -> tuple[int, int]:
         """Make the caches ready for ``prompt``: ``(kept, seen)`` = the target keeps positions <
         kept (the prefill decodes the rest), the proposer knows positions < seen (it is fed the
         rest). A capturing drafter needs the target's K/V of every position it does not hold, so
-        then kept = seen. A proposer this generation does not use is reset (its view would be
-        stale next time)."""
+        then kept = seen (on the chunk grid under the aligned rule). A proposer this generation
+        does not use is reset (its view would be stale next time)."""
         kept = self.common(prompt) if reuse else 0
         seen = 0
         if proposer is not None:
             if drafting and hasattr(proposer, "rewind"):
                 seen = proposer.rewind(kept)
+                while capture and self._align(seen) != kept:
+                    kept = self._align(seen)
+                    seen = proposer.rewind(kept)
             else:
                 proposer.reset()
             if capture:
@@ -85,4 +153,5 @@ class PrefixCache:
                 proposer.reset()
                 seen = 0
         self._last = None
+        self.begin(int(prompt.size))
         return kept, seen

@@ -1,4 +1,4 @@
-"""Verifiers: pure NumPy in, NumPy out; randomness only from an explicit Generator.
+"""Verifiers: pure NumPy in, NumPy out; randomness only from explicit draws (a DrawCursor or a Generator).
 
 Row 0 of ``target_logits`` is the root's row (it predicts depth-1 tokens); row ``i + 1`` is node
 ``i``'s row (it predicts node i's children).
@@ -38,7 +38,11 @@ def probs_from_logits(logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
     return p / p.sum()
 
 
-def _sample(p: np.ndarray, rng: np.random.Generator) -> int:
+def _sample(p: np.ndarray, rng) -> int:
+    """One draw from ``p``: a :class:`~moa_cpp.speculative.draws.DrawCursor` (the generation's
+    draw for the next token) or a ``numpy.random.Generator``."""
+    if hasattr(rng, "sample"):
+        return int(rng.sample(p))
     return int(rng.choice(p.size, p=p))
 
 
@@ -61,55 +65,32 @@ def verify_greedy(proposal: Proposal, target_logits: np.ndarray, sp: SamplingPar
     return Verdict(path, [int(proposal.tokens[i]) for i in path], int(am[row]))
 
 
-def verify_sampling(proposal: Proposal, target_logits: np.ndarray, sp: SamplingParams,
-                    rng: np.random.Generator) -> Verdict:
-    """Distribution-preserving verification.
-
-    At each node the children are tried in order (recursive rejection sampling over siblings):
-    - a child drawn from a draft distribution q (``proposal.q``) is accepted with probability
-      min(1, p(x) / q(x)); on rejection p <- norm(max(p - q, 0)) (speculative sampling);
-    - a deterministic child (arg-max / top-k draft, q = point mass on x) is accepted with
-      probability p(x); on rejection p <- norm(p with x removed).
-    If every child is rejected, the bonus token is sampled from the residual p. Either way each
-    emitted token is distributed exactly as the target's own sampling distribution.
-    """
+def verify_sampling(proposal: Proposal, target_logits: np.ndarray, sp: SamplingParams, rng) -> Verdict:
+    """Distribution-preserving verification (llama.cpp's rule): at each row of the path, the
+    target's token is sampled from its own distribution with one draw, and the child that drafted
+    it is followed; the first row whose token no child drafted ends the path (that token is the
+    bonus). Every emitted token is sampled from the target's distribution at its row, so the law
+    is the target's whatever was drafted. With ``rng`` a cursor of the generation's draws
+    (:mod:`~moa_cpp.speculative.draws`), token j is chosen by the same draw as in plain sampling:
+    the text is plain sampling's. A deterministic child (top-k, n-gram) is taken with probability
+    p(x), as recursive rejection sampling takes it; a child a drafter sampled from q with the same
+    draw is taken where both inverse CDFs meet (``proposal.q`` is not needed)."""
     children = proposal.children()
     path: list[int] = []
     row = 0
     while True:
-        p = probs_from_logits(target_logits[row], sp)
-        accepted = None
-        for c in children[row]:
-            x = int(proposal.tokens[c])
-            q = proposal.q[c] if proposal.q is not None else None
-            if q is None:
-                if rng.random() < p[x]:
-                    accepted = c
-                    break
-                p = p.copy()
-                p[x] = 0.0
-            else:
-                qx = float(q[x])
-                if qx > 0 and rng.random() < min(1.0, p[x] / qx):
-                    accepted = c
-                    break
-                p = np.maximum(p - q, 0.0)
-            s = p.sum()
-            if s <= 0:          # numerically no residual mass left: fall back to the target
-                p = probs_from_logits(target_logits[row], sp)
-                break
-            p = p / s
-        if accepted is None:
-            return Verdict(path, [int(proposal.tokens[i]) for i in path], _sample(p, rng))
-        path.append(accepted)
-        row = accepted + 1
+        t = _sample(probs_from_logits(target_logits[row], sp), rng)
+        nxt = next((c for c in children[row] if int(proposal.tokens[c]) == t), None)
+        if nxt is None:
+            return Verdict(path, [int(proposal.tokens[i]) for i in path], t)
+        path.append(nxt)
+        row = nxt + 1
 
 
-def verify(proposal: Proposal, target_logits: np.ndarray, sp: SamplingParams,
-           rng: Optional[np.random.Generator] = None) -> Verdict:
+def verify(proposal: Proposal, target_logits: np.ndarray, sp: SamplingParams, rng=None) -> Verdict:
     """Greedy or sampling verification, by ``sp.temperature``."""
     if sp.greedy:
         return verify_greedy(proposal, target_logits)
     if rng is None:
-        raise ValueError("sampling verification needs an explicit np.random.Generator")
+        raise ValueError("sampling verification needs its draws (a DrawCursor or np.random.Generator)")
     return verify_sampling(proposal, target_logits, sp, rng)

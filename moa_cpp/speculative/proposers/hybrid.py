@@ -9,7 +9,14 @@ a confident match this cycle (an n-gram key of ``confident_n`` tokens or more) f
 order given (``moa,ngram``: the drafter first). A free source whose match this cycle is long
 (``skip_models_at`` tokens of agreement or more: ~0.9 of such drafts are accepted on held-out
 answers, docs/llama-cpp.md) drafts alone: the model sources only take in the verified tokens, so
-a copy costs no drafter time.
+a copy costs no drafter time. So does a confident free match that fills the cycle's budget on its
+own (greedy): the merge would cut every model draft that is not also on it.
+
+Where the model sources cannot pay at all (the cost-aware policy's choice, :meth:`HybridProposer.
+sit_out`), they sit the generation out: not drafting, not taking in the verified tokens, and no
+target K/V captured for them (:attr:`HybridProposer.needs_capture` is False), so the lookups cost
+what plain decoding does plus the lookup; the next generation's :meth:`HybridProposer.rewind`
+catches them up.
 
 Each node records which sources proposed it (:attr:`Proposal.sources`, a bit per source in
 :attr:`names` order) so the loop's statistics count proposed / accepted per source.
@@ -64,6 +71,12 @@ def merge(proposals: Sequence[Proposal], order: Sequence[int], max_nodes: int) -
                     draft_rows=sum(p.draft_rows for p in proposals), sources=np.array(sources, np.int64))
 
 
+def _own(rng):
+    """Each source drafts with the same draws (a DrawCursor from the next token on): depth i's
+    sampled draft takes the draw that will choose token i, in every source alike."""
+    return rng.fresh() if hasattr(rng, "fresh") else rng
+
+
 class HybridProposer:
     """Proposers merged into one tree a cycle (see module doc); a Proposer of the loop."""
 
@@ -77,10 +90,26 @@ class HybridProposer:
         self.confident_n = confident_n
         self.skip_models_at = skip_models_at      # 0: every source drafts every cycle
         self.skipped = 0                          # cycles the model sources sat out (a statistic)
-        self.needs_capture = any(getattr(p, "needs_capture", False) for p in self.proposers)
+        self._captures = any(getattr(p, "needs_capture", False) for p in self.proposers)
+        self._models_out = False                  # the model sources sit this generation out (sit_out)
         # the first source's prior (the MoA drafter's recorded acceptance) stands for the merge
         self.acceptance_prior = getattr(self.proposers[0], "acceptance_prior", None)
         self.row_cost = None            # measured: the drafter rows of the model sources
+
+    @property
+    def needs_capture(self) -> bool:
+        """The loop captures the target's K/V for a source that reads it (the MoA drafter), unless
+        the model sources sit the generation out (:meth:`sit_out`)."""
+        return self._captures and not self._models_out
+
+    def sit_out(self, out: bool = True) -> None:
+        """The model sources sit out (the rest of) this generation (``out``), or take part again:
+        sitting out, they neither draft nor take in the verified tokens, and the loop captures no
+        K/V for them, so they cost nothing. Their state then lags behind the text; the next
+        generation's :meth:`rewind` keeps only what every source holds (the loop re-decodes the
+        rest with capture where a drafter needs it). Set by the cost-aware policy where their
+        rows cannot pay (:func:`~moa_cpp.speculative.cost_aware.seat_model_sources`)."""
+        self._models_out = bool(out)
 
     @property
     def free_source(self):
@@ -114,6 +143,8 @@ class HybridProposer:
         return m
 
     def observe(self, lsa_in: np.ndarray, pos0: int) -> None:
+        if self._models_out:
+            return
         for p in self.proposers:
             if getattr(p, "needs_capture", False):
                 p.observe(lsa_in, pos0)
@@ -126,22 +157,28 @@ class HybridProposer:
         free = [s for s, p in enumerate(self.proposers) if p.row_cost == 0.0]
         props: list = [None] * len(self.proposers)
         for s in free:                     # lookups first: a long match spares the models' rows
-            props[s] = self.proposers[s].propose(feed, root, pos, sp, rng, cfg)
+            props[s] = self.proposers[s].propose(feed, root, pos, sp, _own(rng), cfg)
+        confident = next((s for s in free if getattr(self.proposers[s], "last_key", 0) >= self.confident_n
+                          and props[s].n), None)
         alone = cfg.free_only or bool(self.skip_models_at) and any(
-            props[s].n and getattr(self.proposers[s], "last_match", 0) >= self.skip_models_at for s in free)
-        self.skipped += alone and len(free) < len(props)
+            props[s].n and getattr(self.proposers[s], "last_match", 0) >= self.skip_models_at for s in free) or (
+            # a confident match that fills the budget: the merge would keep none of the models'
+            # (deterministic) drafts that are not on it, so their rows would be paid for nothing
+            sp.greedy and confident is not None and 0 < cfg.budget <= props[confident].n)
+        self.skipped += alone and len(free) < len(props) and not self._models_out
         for s, p in enumerate(self.proposers):
             if props[s] is None:
+                if self._models_out:       # not fed either: it lags (sit_out)
+                    props[s] = Proposal.empty()
+                    continue
                 c = DraftConfig("none") if alone else chain if getattr(p, "chains_only", False) else cfg
-                props[s] = p.propose(feed, root, pos, sp, rng, c)
+                props[s] = p.propose(feed, root, pos, sp, _own(rng), c)
         if cfg.mode == "none":
             return Proposal.empty()
         order = list(range(len(props)))
-        for s, p in enumerate(self.proposers):
-            if p.row_cost == 0.0 and getattr(p, "last_key", 0) >= self.confident_n and props[s].n:
-                order.remove(s)
-                order.insert(0, s)
-                break
+        if confident is not None:
+            order.remove(confident)
+            order.insert(0, confident)
         return merge(props, order, cfg.budget or sum(p.n for p in props))
 
     def __repr__(self) -> str:
