@@ -324,9 +324,9 @@ def test_hybrid_auto_falls_back_to_the_free_source_priced_per_match():
     shape = p.choose(None)
     assert shape.free_only and shape.chain == 8
     assert p.fit(0) == 0 and p.fit(len(MATCH_CLASSES) - 1) == 8
-    # the hybrid asks its model source for nothing on such a cycle, whatever the match
+    # the model source sits the generation out: not asked to draft, not fed, whatever the match
     h.propose([4, 5, 6, 7, 4], 5, 5, SamplingParams(), None, shape)
-    assert h.proposers[0].modes == ["none"] and h.context == h.free_source.context
+    assert h.proposers[0].modes == [] and h.context == h.free_source.context
     # memory-bound: the drafter's rows pay at the default prior, the merge drafts
     q = pol.make_policy(cfg, _hybrid(cfg))
     q.merged.verify_cost = {k: 1.0 for k in range(1, 10)}
@@ -371,3 +371,107 @@ def test_auto_moa_ngram_with_the_drafter_priced_out_is_lossless_and_drafts_looku
     assert toks == ref
     assert "drafter sits out" in st.decision and st.drafted > 0
     assert st.by_source.get("moa", {}).get("proposed", 0) == 0 and st.by_source["ngram"]["proposed"] > 0
+
+
+# ---------------------------------------------------------------- issue 41 part 4: never pay for what does not pay
+
+
+def _spy(loop, prop):
+    """Record, in order, what a generation pays for beyond plain decoding: target decodes with K/V
+    capture, drafter commits / SA feeds / draft rows (the MoA drafter's state, if any), and the
+    policy's shape per cycle. Returns (events, undo)."""
+    from moa_cpp.speculative.proposers import moa_state
+    events: list = []
+    tgt, state = loop.target, moa_state(prop)
+    decode = tgt.decode
+
+    def spy_decode(*a, **kw):
+        if kw.get("capture"):
+            events.append("capture")
+        return decode(*a, **kw)
+    tgt.decode = spy_decode                                # instance attributes: undone below
+    if state is not None:
+        for name in ("commit", "feed", "draft"):
+            def spy(*a, _name=name, _f=getattr(state, name), **kw):
+                events.append(f"drafter {_name}")
+                return _f(*a, **kw)
+            setattr(state, name, spy)
+
+    def undo():
+        del tgt.decode
+        for name in ("commit", "feed", "draft"):
+            if state is not None and name in vars(state):
+                delattr(state, name)
+    return events, undo
+
+
+@pytest.mark.parametrize("kinds", [("moa",), ("ngram",), ("moa", "ngram")])
+def test_auto_never_pays_for_drafts_its_cost_model_prices_out(fx, kinds):
+    """Every spec type under ``auto``, on a compute-bound T(k) (SmolLM2's kind) where the MoA
+    drafter's rows cannot pay at its acceptance: no target decode captures K/V, the drafter
+    never commits, feeds or drafts, and every verified draft is a lookup that its own pricing says
+    pays (the per-match estimate's chain for that match). Before issue 41 part 4 ``moa,ngram``
+    kept the drafter in step all the same (capture in the prefill and every cycle, a commit and
+    an SA feed per cycle: 0.91x of plain on SmolLM2 Q4_1, tau 1.29)."""
+    from moa_cpp.speculative.proposers import make_proposer
+    g, gen = fx
+    cfg = DraftConfig("auto", chain=6)
+    prop = make_proposer(kinds, gen.target, cfg, drafter=gen.proposer.state.model)
+    loop = SpeculativeLoop(gen.target, prop, cfg)
+    p = loop.policy_for(cfg)
+    table = {k: v * 0.01 for k, v in COMPUTE_BOUND.items()}
+    for q in (getattr(p, "merged", p), getattr(p, "free", p)):
+        q.verify_cost = dict(table)
+    if "moa" in kinds:
+        getattr(p, "merged", p).acceptance = AcceptanceEstimate([0.3], 12.0)
+    paying = set()
+    fresh = CostAwarePolicy(6)
+    fresh.verify_cost = dict(table)
+    fresh.begin(_FakeTarget(), NgramProposer(cfg), lambda: 62)
+    paying = {c for c in range(len(MATCH_CLASSES)) if fresh.fit(c)}
+    drafted: list = []
+
+    def on_cycle(pos, root, proposal, scores, verdict):
+        if proposal.n:
+            active = getattr(p, "active", p)
+            assert active.contextual, "drafts verified without a per-match price"
+            k, _ = active._priced(prop.context)
+            assert 0 < proposal.n <= k, f"{proposal.n} drafts verified where the policy prices {k}"
+            drafted.append(prop.context)
+    loop.on_cycle = on_cycle
+    events, undo = _spy(loop, prop)
+    try:
+        ref = g["target_greedy"].tolist()
+        toks, st = _run(loop, g["prompt_ids"].tolist(), len(ref), cfg)
+    finally:
+        undo()
+    assert toks == ref
+    assert not events, f"paid for a drafter that cannot pay: {sorted(set(events))} ({len(events)} calls)"
+    assert st.draft_rows == 0 and st.t_capture == 0.0
+    assert set(drafted) <= paying
+    if "ngram" in kinds:
+        assert drafted and st.by_source.get("moa", {}).get("proposed", 0) == 0
+    else:
+        assert st.drafted == 0 and st.decision.startswith("plain decoding")
+
+
+def test_auto_stops_paying_for_the_drafter_once_it_cannot_pay():
+    """Mid-generation: once not even the optimistic estimate pays and that estimate can no longer
+    grow while nothing is drafted (the UCB growth at its cap; acceptance only moves with drafts,
+    T(k) is fixed), the policy gives up at once: every further idle cycle would capture the
+    target's K/V and commit the drafter for nothing (before: give_up_after = 8 such cycles, 16 for
+    a drafter without a recorded acceptance)."""
+    p, prop = _policy_with({k: 1.0 + 0.4 * (k - 1) for k in range(1, 10)}, None)
+    prop.row_cost = None
+    assert p.begin(_FakeTarget(), prop, lambda: 62)[0]
+    idle = 0
+    for _ in range(200):
+        cfg = p.choose(0.0)
+        if cfg.mode == "none":
+            idle += 1
+            if p._t >= 8:            # sqrt(2 ln t) >= max_ucb_growth (2.0): the optimism is capped
+                break
+        else:
+            p.update(cfg.chain, 0)                      # nothing is ever accepted
+            idle = 0
+    assert cfg.mode == "none" and p.gave_up(), f"still not given up after {idle} idle cycle(s)"

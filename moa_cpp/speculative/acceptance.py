@@ -14,6 +14,17 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 
+def ucb_growth(t: int, max_growth: float = 2.0) -> float:
+    """The optimism's growth factor after ``t`` cycles: sqrt(2 ln t) (UCB), within [1, max_growth]."""
+    grow = math.sqrt(2.0 * math.log(t)) if t > 1 else 1.0
+    return min(max(1.0, grow), max_growth)
+
+
+def ucb_capped(t: int, max_growth: float = 2.0) -> bool:
+    """True once :func:`ucb_growth` can grow no more (t >= exp(max_growth^2 / 2): t >= 8 at 2.0)."""
+    return ucb_growth(t, max_growth) >= max_growth or max_growth <= 1.0
+
+
 @dataclass
 class AcceptanceEstimate:
     """Conditional acceptance per draft depth as Beta posteriors with exponential forgetting.
@@ -58,8 +69,7 @@ class AcceptanceEstimate:
         because the policy stopped drafting becomes optimistic enough to be probed again."""
         p1 = self.mean(1)
         n1 = self.weight_at(1)
-        grow = math.sqrt(2.0 * math.log(t)) if t > 1 else 1.0
-        grow = min(max(1.0, grow), max_growth)
+        grow = ucb_growth(t, max_growth)
         return min(1.0, self.mean(d) + optimism * grow * math.sqrt(p1 * (1 - p1) / (n1 + 1)))
 
     def update(self, proposed_depth: int, accepted: int) -> None:

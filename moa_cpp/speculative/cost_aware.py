@@ -21,11 +21,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .types import DraftConfig, NO_DRAFT
-from .acceptance import AcceptanceEstimate, best_chain_length
+from .acceptance import AcceptanceEstimate, best_chain_length, ucb_capped
 from .verify_cost import cached_verify_cost, calibrate_verify_cost
 
 if TYPE_CHECKING:
     from ..target import Target
+
+
+def seat_model_sources(proposer, sit_out: bool = False) -> None:
+    """A hybrid proposer's model sources take part in this generation (every policy's ``begin``
+    seats them), or sit it out (``sit_out``: :meth:`~moa_cpp.speculative.proposers.hybrid.
+    HybridProposer.sit_out`, no K/V capture, no drafter work). Other proposers: nothing to do."""
+    sit = getattr(proposer, "sit_out", None)
+    if sit is not None:
+        sit(sit_out)
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,7 @@ class CostAwarePolicy:
         self.acceptance: Optional[AcceptanceEstimate] = None
         self._calibrate = False
         self._idle = 0
+        self._hopeless = False        # idle, and the optimism can no longer grow (choose)
         self._k_cap = k_max
         self._row_cost_prior = 0.0
         self._t = 0                   # cycles chosen so far (all generations): the UCB clock
@@ -125,9 +135,11 @@ class CostAwarePolicy:
         only asked once T(k) is known, so a first run measures nothing."""
         if proposer is None:
             return False, "plain decoding: no drafter"
+        seat_model_sources(proposer)
         if self.acceptance is None:
             self._init_acceptance(proposer)
         self._idle = 0
+        self._hopeless = False
         if self.verify_cost is None:
             self.verify_cost = cached_verify_cost(target, range(1, self.k_max + 2))
         if self.verify_cost is None:
@@ -194,9 +206,16 @@ class CostAwarePolicy:
             # chains measured 15-25 % slower on SmolLM2)
             k_opt, _ = best_chain_length(costs, self._rates(True, self._t), tr, self._k_cap, self.s.min_gain)
             self._idle = 0 if k_opt else self._idle + 1
+            # While nothing is drafted, nothing that prices the optimistic estimate changes but the
+            # UCB growth (acceptance moves only with verified drafts, T(k) is fixed, the measured
+            # row cost only grows with idle drafter commits): once that growth is capped, not
+            # paying now means not paying for the rest of the generation, and every idle cycle
+            # until give_up_after would capture the target's K/V and commit the drafter for nothing.
+            self._hopeless = not k_opt and ucb_capped(self._t, self.s.max_ucb_growth)
             k = min(k_opt, self.s.probe_chain)
         else:
             self._idle = 0
+            self._hopeless = False
         # budget: a proposer merging several sources stays within the k drafts priced here
         return DraftConfig("chain", chain=k, budget=k) if k else NO_DRAFT
 
@@ -206,6 +225,8 @@ class CostAwarePolicy:
         cycles). Never for a contextual policy (its lookups are free)."""
         if self.contextual:
             return False
+        if self._hopeless:
+            return True
         return self._idle >= self.s.give_up_after and (
             self.acceptance.weight_at(1) >= self.s.give_up_min_weight or self._idle >= 2 * self.s.give_up_after)
 

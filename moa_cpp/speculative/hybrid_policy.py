@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .types import DraftConfig
-from .cost_aware import CostAwarePolicy, CostAwareSettings
+from .cost_aware import CostAwarePolicy, CostAwareSettings, seat_model_sources
 
 if TYPE_CHECKING:
     from ..target import Target
@@ -22,7 +22,12 @@ class HybridPolicy:
     for ``free_only`` shapes). Before it, a drafter priced out at the start turned the free drafts
     off with it: ``draft,ngram`` on Qwen2.5-Coder-1.5B F16 decoded plainly (0.99x) where
     ``ngram`` alone gave 1.25x (bench/results/amd-epyc-2c/issue23-qwen15-f16-grounded128-hybrid).
-    The merge is tried again at every generation's start (its estimate persists)."""
+    While the free source goes on alone, the model sources sit the generation out
+    (:func:`~moa_cpp.speculative.cost_aware.seat_model_sources`): no K/V capture, no drafter
+    commit, feed or row, so a cycle costs what the lookup's price says (before issue 41 part 4 the
+    MoA drafter was kept in step all the same: ``moa,ngram`` at 0.91x of plain on SmolLM2 Q4_1).
+    The merge is tried again at every generation's start (its estimate persists; the model
+    sources catch up through the prefix cache's rewind)."""
 
     adaptive = True
 
@@ -51,6 +56,7 @@ class HybridPolicy:
         if not drafting:
             return False, why
         self.active = self.free
+        seat_model_sources(proposer, sit_out=True)
         return True, f"{why_free}; the drafter sits out ({why})"
 
     def choose(self, t_row: Optional[float]) -> DraftConfig:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from .acceptance import AcceptanceEstimate, best_chain_length, expected_tokens
-from .cost_aware import CostAwarePolicy, CostAwareSettings
+from .cost_aware import CostAwarePolicy, CostAwareSettings, seat_model_sources
 from .hybrid_policy import HybridPolicy
 from .types import DraftConfig
 from .verify_cost import (cached_verify_cost, calibrate_verify_cost, measure_verify_cost,
@@ -65,6 +65,7 @@ class FixedPolicy:
 
     def begin(self, target: Target, proposer, k_cap: Callable[[], int]) -> tuple[bool, str]:
         """Start of a generation: (draft at all?, why)."""
+        seat_model_sources(proposer)
         if self.config.mode == "none" or proposer is None:
             return False, "plain decoding (no drafts asked for)"
         return True, f"drafting {self.config} every cycle (fixed)"
