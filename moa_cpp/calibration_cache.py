@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Iterator, Optional
 import llama_cpp
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .target import Target
+    from .target_context import TargetContext
 
 FILE_NAME = "calibration.json"
 TABLES = ("verify_cost", "exact_rows")
 
 
-def fingerprint(target: "Target") -> str:
+def fingerprint(target: "TargetContext") -> str:
     """The settings a measurement of ``target`` depends on (see the module docstring)."""
     p = Path(target.path).resolve()
     st = p.stat()
@@ -43,7 +43,7 @@ def fingerprint(target: "Target") -> str:
             f"|{_device_tag(target)}{_batch_tag(target)}|cpus{os.cpu_count()}")
 
 
-def _device_tag(target: "Target") -> str:
+def _device_tag(target: "TargetContext") -> str:
     """Backend/device identity: CPU architecture, llama.cpp's system info (the ISA features its
     CPU kernels are chosen by), whether the build can offload to a GPU and, where the Target
     records it, how many layers it offloads."""
@@ -58,7 +58,7 @@ def _device_tag(target: "Target") -> str:
     return f"{platform.machine()}|sys:{h}|offload{offload}|ngl{gpu if gpu is not None else '?'}"
 
 
-def _batch_tag(target: "Target") -> str:
+def _batch_tag(target: "TargetContext") -> str:
     """Settings that change batch arithmetic, only where they differ from the defaults (so the
     entries measured with the defaults stay valid): a quantized KV cache, a physical batch that
     splits a 63-row verification."""
@@ -84,14 +84,14 @@ def _read() -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def lookup(table: str, target: "Target") -> Optional[dict]:
+def lookup(table: str, target: "TargetContext") -> Optional[dict]:
     """The ``table`` entry stored for ``target``, or None. Never decodes."""
     entry = _read().get(fingerprint(target), {})
     got = entry.get(table) if isinstance(entry, dict) else None
     return got if isinstance(got, dict) else None
 
 
-def store(table: str, target: "Target", entry: dict, *, merge: bool = False) -> None:
+def store(table: str, target: "TargetContext", entry: dict, *, merge: bool = False) -> None:
     """Store ``entry`` as ``target``'s ``table`` (``merge``: update the stored entry's keys
     instead of replacing it)."""
     assert table in TABLES, table

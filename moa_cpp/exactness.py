@@ -30,8 +30,8 @@ import numpy as np
 from . import calibration_cache
 from .errors import InvalidArgumentError
 
-if TYPE_CHECKING:      # annotations only: the target calls into this module (Target.exact_rows)
-    from .target import Target
+if TYPE_CHECKING:      # annotations only (loading it needs the native library); Target.exact_rows calls in here
+    from .target_context import TargetContext
 
 # Three different realistic windows: prose, code, chat-style text (see FIRST_PREFIX for how they
 # are laid out in one token stream).
@@ -81,7 +81,7 @@ SMALL_STEPS = 8
 JUMPS = (16, 32, 63)
 
 
-def _windows(target: Target, max_rows: int, n_texts: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def _windows(target: TargetContext, max_rows: int, n_texts: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """(context, rows) of each window; window w's context is window w-1's context + rows + the
     first NEW_CONTEXT tokens of text w (BOS once, at the start)."""
     out, ctx = [], np.zeros(0, np.int32)
@@ -103,7 +103,7 @@ class _Window:
     the rows (computed lazily, one decode per row), batch checks against them. ``keep``: how
     many leading context positions the KV cache already holds (the previous window's context)."""
 
-    def __init__(self, target: Target, ctx: np.ndarray, rows: np.ndarray, keep: int = 0,
+    def __init__(self, target: TargetContext, ctx: np.ndarray, rows: np.ndarray, keep: int = 0,
                  timings: Optional[dict] = None) -> None:
         self.t = target
         self.ctx, self.rows = ctx, rows
@@ -155,7 +155,7 @@ class _Window:
         return out
 
 
-def _clamp_rows(target: Target, max_rows: int) -> int:
+def _clamp_rows(target: TargetContext, max_rows: int) -> int:
     if max_rows < 1:
         raise InvalidArgumentError(f"max_rows must be >= 1, got {max_rows}")
     # the last window's context is FIRST_PREFIX + (n - 1) x (rows + NEW_CONTEXT) tokens
@@ -197,7 +197,7 @@ def _search(win: _Window, plan: list[int], best: int, exhaustive: bool) -> tuple
     return good, bad, bad_diff, sizes
 
 
-def measure_exact_rows(target: Target, max_rows: int = 63, *, n_texts: int = 3, exhaustive: bool = False,
+def measure_exact_rows(target: TargetContext, max_rows: int = 63, *, n_texts: int = 3, exhaustive: bool = False,
                        details: Optional[dict] = None, timings: Optional[dict] = None) -> int:
     """The largest R <= ``max_rows`` such that, for every b in 1..R, each row of a b-row decode
     (after a context prefix) has logits bit-identical (``np.array_equal``) to the same token
@@ -248,7 +248,7 @@ def measure_exact_rows(target: Target, max_rows: int = 63, *, n_texts: int = 3, 
     return best
 
 
-def batch_row_diffs(target: Target, b: int, *, window: int = 0, max_rows: Optional[int] = None) -> np.ndarray:
+def batch_row_diffs(target: TargetContext, b: int, *, window: int = 0, max_rows: Optional[int] = None) -> np.ndarray:
     """Per-row max |logits in a ``b``-row batch - logits of the same token decoded alone| on
     token window ``window`` (0..2) of :data:`TEXTS`, laid out as a measurement up to ``max_rows``
     (default ``b``; a later window's context holds the earlier windows' rows) lays it out; zeros =
@@ -268,7 +268,7 @@ def batch_row_diffs(target: Target, b: int, *, window: int = 0, max_rows: Option
 # ---------------------------------------------------------------------- cache
 
 
-def cached_exact_rows(target: Target, max_rows: int = 63) -> Optional[int]:
+def cached_exact_rows(target: TargetContext, max_rows: int = 63) -> Optional[int]:
     """The cached result for this target and ``max_rows``, or None (nothing cached, or cached
     for a smaller ``max_rows`` that was exact throughout)."""
     e = calibration_cache.lookup("exact_rows", target)
@@ -281,7 +281,8 @@ def cached_exact_rows(target: Target, max_rows: int = 63) -> Optional[int]:
     return None
 
 
-def exact_rows(target: Target, max_rows: int = 63, *, use_cache: bool = True, timings: Optional[dict] = None) -> int:
+def exact_rows(target: TargetContext, max_rows: int = 63, *, use_cache: bool = True,
+               timings: Optional[dict] = None) -> int:
     """:func:`measure_exact_rows` of ``target``, measured once and cached on disk
     (:mod:`moa_cpp.calibration_cache`). ``timings``: see
     :func:`measure_exact_rows` (left empty on a cache hit)."""

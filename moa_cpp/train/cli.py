@@ -252,8 +252,8 @@ def run_train(args: argparse.Namespace) -> int:
     base, spec, exclude, device, bf16 = _checked_inputs(args, target)
     out.mkdir(parents=True, exist_ok=True)
     if args.threads is None:
-        from ..target import _default_threads
-        args.threads = _default_threads()
+        from ..target_setup import default_threads
+        args.threads = default_threads()
     torch.set_num_threads(args.threads)
     parts, names = _make_data(args, target, out, exclude)
     if args.data_only:
