@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Union
 
+from .errors import FormatError
 from .speculative.types import DraftConfig
 
 __all__ = ["DEFAULT_DRAFT", "is_moa_drafter", "parse_draft"]
@@ -43,13 +44,16 @@ def parse_draft(spec: Union[str, DraftConfig, None]) -> DraftConfig:
 
 def is_moa_drafter(path: Union[str, Path]) -> bool:
     """True if ``path`` is an MoA drafter GGUF (general.architecture "moa"), False for any other
-    GGUF (e.g. a small LLM for draft-model speculation)."""
+    GGUF (e.g. a small LLM for draft-model speculation). FileNotFoundError if there is no such
+    file, FormatError (what is wrong with it) if it is not a whole GGUF."""
     import gguf
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"drafter not found: {p}")
     try:
         field_ = gguf.GGUFReader(str(p)).fields.get("general.architecture")
-    except Exception as e:  # not a GGUF at all: the loaders give the precise error
-        raise ValueError(f"{p} is not a readable GGUF file: {e}") from None
+    except Exception as e:  # gguf-py's words are numpy's ("index 0 is out of bounds"): say what is wrong
+        from .gguf_check import gguf_problem
+        problem = gguf_problem(p) or f"not a readable GGUF file (gguf-py: {type(e).__name__})"
+        raise FormatError(f"drafter {p}: {problem}") from None
     return field_ is not None and bytes(field_.parts[-1]).decode("utf-8", "replace") == "moa"

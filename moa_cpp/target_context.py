@@ -113,6 +113,7 @@ class TargetContext(TargetText):
 
         Raises:
             MoaIOError: the file does not exist.
+            FormatError: the file is not a whole GGUF (the message says what is wrong).
             MoaError: llama.cpp could not load the model or create the context.
         """
         p = Path(path)

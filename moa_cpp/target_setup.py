@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 import llama_cpp
 
 from ._native import ffi, lib
-from .errors import InvalidArgumentError, MoaError, MoaIOError
+from .errors import FormatError, InvalidArgumentError, MoaError, MoaIOError
 from .llama_log import llama_errors, log_chosen, set_llama_log
 
 ROPE_TYPES = {
@@ -48,7 +48,8 @@ def ensure_backend() -> None:
 def load_model(p: Path, *, n_gpu_layers: int, use_mmap: bool, use_mlock: bool, repack: bool,
                rpc: Optional[Sequence[str]], verbose: Optional[bool]) -> Any:
     """The ``llama_model_p`` of the GGUF ``p`` (see :meth:`TargetContext.from_path` for the
-    arguments). Raises MoaIOError (no such file), MoaError (llama.cpp refused it)."""
+    arguments). Raises MoaIOError (no such file), FormatError (not a whole GGUF file: what is
+    wrong with it, :func:`moa_cpp.gguf_check.gguf_problem`), MoaError (llama.cpp refused it)."""
     if not p.is_file():
         raise MoaIOError(f"target model not found: {p}")
     ensure_backend()
@@ -70,8 +71,13 @@ def load_model(p: Path, *, n_gpu_layers: int, use_mmap: bool, use_mlock: bool, r
     model = llama_cpp.llama_model_load_from_file(str(p).encode("utf-8"), mparams)
     del devices
     if not model:
+        said = llama_errors()
+        from .gguf_check import gguf_problem
+        problem = gguf_problem(p)           # the file itself, in words (only now: a good file costs nothing)
+        if problem is not None:
+            raise FormatError(f"llama.cpp could not load the model {p}: {problem}")
         raise MoaError(f"llama.cpp could not load the model {p} (not a GGUF, unsupported architecture or "
-                       f"truncated file; pass verbose=True for llama.cpp's log){llama_errors()}")
+                       f"truncated file; pass verbose=True for llama.cpp's log){said}")
     return model
 
 

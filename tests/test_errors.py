@@ -199,3 +199,92 @@ def test_long_feed_is_chunked(drafter_f32, target_path, fixture_dir):
     ref.commit(g["lsa_in"], 0)
     b = ref.draft([int(g["root_token"])], [S], [-1], feed=g["prompt_ids"])
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
+
+
+# ---------------------------------------------------------------------- files that are not GGUF models
+
+# kind -> (bytes of the file from a whole GGUF's bytes, what the error says is wrong: a regex)
+_NOT_GGUF = {
+    "text": (lambda whole: b"hello world\nthis is a text file\n",
+             re.escape("not a GGUF file: it starts with b'hell' (a GGUF file with b'GGUF')")),
+    "empty": (lambda whole: b"", re.escape("empty file (0 bytes), not a GGUF model")),
+    "random": (lambda whole: b"\x00" + np.random.default_rng(0).bytes(4095),
+               r"not a GGUF file: it starts with b'\\x00.*' \(a GGUF file with b'GGUF'\)"),
+    "cut-at-1000": (lambda whole: whole[:1000],
+                    r"truncated or corrupt GGUF file: its metadata \(key \d+ of \d+\) runs past the end of the "
+                    r"file \(1000 bytes\)"),
+    "cut-in-data": (lambda whole: whole[:-4096], r"truncated GGUF file: \d+ bytes, its tensor data needs \d+"),
+}
+_NUMPY_WORDS = re.compile(r"out of bounds|axis|mmap|reshape|dtype|buffer|GGUF magic invalid")
+
+
+@pytest.fixture(scope="module")
+def whole_gguf(fixture_dir):
+    """A real GGUF's bytes to cut: the embedded drafter where this build has one (issue 41's
+    example), else the fixture target."""
+    from moa_cpp.defaults import DEFAULT_DRAFTER
+    return (DEFAULT_DRAFTER if DEFAULT_DRAFTER.is_file() else fixture_dir / "target-f32.gguf").read_bytes()
+
+
+def _not_gguf(tmp_path, whole: bytes, kind: str):
+    make, reason = _NOT_GGUF[kind]
+    bad = tmp_path / f"{kind}.gguf"
+    bad.write_bytes(make(whole))
+    return bad, reason
+
+
+@pytest.mark.parametrize("kind", list(_NOT_GGUF))
+def test_gguf_problem_says_what_is_wrong(tmp_path, whole_gguf, kind):
+    from moa_cpp.gguf_check import gguf_problem
+    bad, reason = _not_gguf(tmp_path, whole_gguf, kind)
+    assert re.fullmatch(reason, gguf_problem(bad) or ""), gguf_problem(bad)
+
+
+def test_gguf_problem_passes_whole_files(whole_gguf, target_path, drafter_f32, tmp_path):
+    from moa_cpp.gguf_check import gguf_problem
+    whole = tmp_path / "whole.gguf"
+    whole.write_bytes(whole_gguf)
+    assert [gguf_problem(p) for p in (whole, target_path, drafter_f32)] == [None, None, None]
+
+
+# -d: the drafter, read (gguf-py) to tell an MoA drafter from a draft model; -m: the target;
+# --draft-model: a small LLM, loaded by llama.cpp after the target
+_FLAGS = {"-d": ("-m", "{target}", "-d", "{bad}"), "-m": ("-m", "{bad}"),
+          "--draft-model": ("-m", "{target}", "--draft-model", "{bad}")}
+
+
+@pytest.mark.parametrize("flag", list(_FLAGS))
+@pytest.mark.parametrize("kind", list(_NOT_GGUF))
+def test_cli_names_the_file_and_what_is_wrong(tmp_path, whole_gguf, target_path, flag, kind):
+    """``moa-cpp generate`` with a model file that is not a whole GGUF: exit status 2, one line
+    naming the file and what is wrong with it (not numpy's words from inside gguf-py), no traceback."""
+    bad, reason = _not_gguf(tmp_path, whole_gguf, kind)
+    argv = [a.format(target=target_path, bad=bad) for a in _FLAGS[flag]]
+    p = subprocess.run([sys.executable, "-m", "moa_cpp.cli", "generate", *argv, "-p", "hi", "-n", "1"],
+                       capture_output=True, text=True, timeout=300)
+    out = f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    assert "Traceback (most recent call last)" not in p.stderr + p.stdout, out
+    assert p.returncode == 2 and p.stdout == "", out
+    lines = [ln for ln in p.stderr.splitlines() if not ln.startswith("INFO ")]
+    assert len(lines) == 1, out
+    who = "drafter " if flag == "-d" else "llama\\.cpp could not load the model "
+    assert re.fullmatch(f"moa-cpp generate: error: {who}{re.escape(str(bad))}: {reason}", lines[0]), out
+    assert not _NUMPY_WORDS.search(lines[0]), out
+
+
+@pytest.mark.parametrize("kind", list(_NOT_GGUF))
+def test_python_api_refuses_a_file_that_is_not_gguf(tmp_path, whole_gguf, target_path, drafter_f32, kind):
+    """The constructors raise FormatError naming the file (never a numpy error); where llama.cpp
+    loads the file (a target, a draft model) the message says what is wrong with it."""
+    from moa_cpp.generator import SpeculativeGenerator
+    bad, reason = _not_gguf(tmp_path, whole_gguf, kind)
+    for make in (lambda: Drafter(bad, target_path), lambda: Drafter(drafter_f32, bad),
+                 lambda: SpeculativeGenerator.from_paths(target_path, bad)):
+        with pytest.raises(FormatError, match=re.escape(str(bad))) as e:
+            make()
+        assert not _NUMPY_WORDS.search(str(e.value)), e.value
+    for make in (lambda: SpeculativeGenerator.from_paths(bad, drafter_f32),
+                 lambda: SpeculativeGenerator.from_paths(target_path, draft_model=bad)):
+        with pytest.raises(FormatError) as e:
+            make()
+        assert re.fullmatch(f"llama\\.cpp could not load the model {re.escape(str(bad))}: {reason}", str(e.value))
