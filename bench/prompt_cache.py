@@ -7,7 +7,10 @@ its one Llama's cache).
 Servers (one process each, 127.0.0.1, all threads; only one is sent a request at a time):
 ``moa`` (``moa-cpp serve``, default draft), ``moa-nocache`` (the same command; its requests carry
 ``cache_prompt: false``), ``llama`` (``python -m llama_cpp.server --flash_attn true``; requests
-carry ``repeat_penalty: 1.0``: its default 1.1 is not greedy).
+carry ``repeat_penalty: 1.0``: its default 1.1 is not greedy); with ``--baseline DIR`` also
+``moa-landed``: the same ``moa-cpp serve`` command run from another checkout of moa_cpp (e.g. the
+commit before issue 41's exact reuse: ``git worktree add /tmp/landed 24edf8b``), with this venv's
+native library.
 
 Chats: ``--chats`` conversations of ``--turns`` user turns each; turn t of chat c is the eval sets'
 prompt c * turns + t (mt_bench, alpaca, qa... in order: different questions one after another in
@@ -15,12 +18,13 @@ one conversation, as a user goes on). Each server continues its own conversation
 in the history, as a client would send them). Turns are interleaved across servers (server order
 rotates every turn). Per request (streaming chat, greedy, ``--max-tokens``): TTFT = time to the
 first chunk with content, total time, prompt tokens, cached tokens (``usage.prompt_tokens_details``,
-moa only). Answers of ``moa`` and ``moa-nocache`` are compared turn by turn while their histories
-are equal (a reused prefix holds K/V computed in other batch shapes: equal where the target is
-batch-invariant, tests/test_prompt_cache.py; here at ubatch 512 they may part at near-ties).
+moa only). Answers of ``moa`` (and ``moa-landed``) are compared with ``moa-nocache``'s turn by
+turn while their histories are equal: since issue 41 a reused cell is one a fresh prefill
+computes bit for bit alike (moa_cpp/speculative/prefix_cache.py), so every answer must be equal.
 
     python bench/prompt_cache.py                       # 4 chats x 6 turns, SmolLM2 + its drafter
     python bench/prompt_cache.py -m Qwen.gguf --chats 2
+    python bench/prompt_cache.py --baseline /tmp/landed        # + the landed code's inexact reuse
 
 Writes bench/results/<machine-label>/<--name>.json/.md/.png.
 """
@@ -30,6 +34,7 @@ import http.client
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +44,14 @@ from serve_load import LLAMA, Proc, free_port  # noqa: E402
 
 SERVERS = ["moa", "moa-nocache", LLAMA]
 SETS = ["mt_bench", "alpaca", "qa", "gsm8k", "humaneval"]      # "sum": too long for 6 turns in 4096
+
+
+LANDED = "moa-landed"
+# a server from another checkout: its moa_cpp before this venv's editable install (the editable
+# finder goes first on sys.meta_path, so PYTHONPATH alone would not do)
+_SHIM = ("import sys\n"
+         "sys.meta_path[:] = [f for f in sys.meta_path if 'skbc' not in type(f).__module__]\n"
+         "sys.path.insert(0, {src!r})\n")
 
 
 def start(name: str, model: str, drafter, args) -> Proc:
@@ -51,8 +64,13 @@ def start(name: str, model: str, drafter, args) -> Proc:
     else:
         cmd = [sys.executable, "-m", "moa_cpp.cli", "serve", "--port", str(port), "-m", model, "--n-ctx",
                str(args.n_ctx), "-t", str(threads), *(["-d", drafter] if drafter else [])]
+    env = cwd = None
+    if name == LANDED:
+        shim = Path(tempfile.mkdtemp(prefix="moa-landed-"))
+        (shim / "sitecustomize.py").write_text(_SHIM.format(src=str(Path(args.baseline).resolve())))
+        env, cwd = {"PYTHONPATH": str(shim)}, str(Path(args.baseline).resolve())
     t0 = time.perf_counter()
-    p = Proc(name, cmd, port)
+    p = Proc(name, cmd, port, env=env, cwd=cwd)
     print(f"{name}: up in {time.perf_counter() - t0:.1f} s", flush=True)
     return p
 
@@ -92,24 +110,39 @@ def stream_chat(proc: Proc, messages: list, max_tokens: int) -> dict:
             "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
 
 
-def summarize(recs: list, turns: int) -> list:
+def summarize(recs: list, turns: int, servers: list) -> list:
     rows = []
     for t in range(turns):
         by = [r for r in recs if r["turn"] == t]
         rows.append([t + 1, round(statistics.mean(r["prompt_tokens"] or 0 for r in by))] +
-                    [round(1000 * statistics.median(r["ttft"] for r in by if r["server"] == s), 1) for s in SERVERS])
+                    [round(1000 * statistics.median(r["ttft"] for r in by if r["server"] == s), 1) for s in servers])
     return rows
 
 
-def plot(plt, rows: list):
+def plot(plt, rows: list, servers: list):
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, s in enumerate(SERVERS):
+    for i, s in enumerate(servers):
         ax.plot([r[0] for r in rows], [r[2 + i] for r in rows], marker="o", label=s)
     ax.set_xlabel("turn")
     ax.set_ylabel("median time to first token (ms)")
     ax.set_title("time to first token over a chat")
     ax.legend()
     return fig
+
+
+def compare(recs: list, server: str, args) -> tuple:
+    """(answers equal to moa-nocache's, chats that parted): turn by turn while the histories are
+    equal (after a difference the two conversations differ)."""
+    same = diverged = 0
+    for c in range(args.chats):
+        for t in range(args.turns):
+            a = next(r for r in recs if r["server"] == server and r["chat"] == c and r["turn"] == t)
+            b = next(r for r in recs if r["server"] == "moa-nocache" and r["chat"] == c and r["turn"] == t)
+            if a["text"] != b["text"]:
+                diverged += 1
+                break
+            same += 1
+    return same, diverged
 
 
 def main(argv=None) -> int:
@@ -121,7 +154,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--name", default="prompt_cache")
     ap.add_argument("--results-dir", default=None)
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="another checkout of moa_cpp: its server joins the run as moa-landed")
     args = ap.parse_args(argv)
+    servers = SERVERS + ([LANDED] if args.baseline else [])
 
     from moa_cpp import defaults, models
     model = args.model or str(models.smollm2_path())
@@ -131,15 +167,16 @@ def main(argv=None) -> int:
     procs: dict = {}
     recs: list = []
     try:
-        for s in SERVERS:
+        for s in servers:
             procs[s] = start(s, model, drafter, args)
         for p in procs.values():                     # warm-up (first decode, calibration)
             stream_chat(p, [{"role": "user", "content": "Hello!"}], 8)
         for c in range(args.chats):
-            hist = {s: [] for s in SERVERS}
+            hist = {s: [] for s in servers}
             for t in range(args.turns):
                 q = prompts[(c * args.turns + t) % len(prompts)]
-                order = SERVERS[t % 3:] + SERVERS[:t % 3]
+                k = t % len(servers)
+                order = servers[k:] + servers[:k]
                 for s in order:
                     hist[s].append({"role": "user", "content": q})
                     r = stream_chat(procs[s], hist[s], args.max_tokens)
@@ -150,28 +187,22 @@ def main(argv=None) -> int:
     finally:
         for p in procs.values():
             p.stop()
-    rows = summarize(recs, args.turns)
-    same = diverged = 0
-    for c in range(args.chats):
-        for t in range(args.turns):
-            a = next(r for r in recs if r["server"] == "moa" and r["chat"] == c and r["turn"] == t)
-            b = next(r for r in recs if r["server"] == "moa-nocache" and r["chat"] == c and r["turn"] == t)
-            if a["text"] != b["text"]:
-                diverged += 1
-                break                                # the histories differ from here on
-            same += 1
-    table = md_table(["turn", "prompt tokens (mean)"] + [f"TTFT ms {s} (median)" for s in SERVERS], rows)
-    tot = {s: statistics.mean(r["ttft"] for r in recs if r["server"] == s) for s in SERVERS}
+    rows = summarize(recs, args.turns, servers)
+    equal = {s: compare(recs, s, args) for s in servers if s in ("moa", LANDED)}
+    same, diverged = equal["moa"]
+    table = md_table(["turn", "prompt tokens (mean)"] + [f"TTFT ms {s} (median)" for s in servers], rows)
+    tot = {s: statistics.mean(r["ttft"] for r in recs if r["server"] == s) for s in servers}
     summary = (f"\nMean TTFT over all turns: " + ", ".join(f"{s} {1000 * v:.0f} ms" for s, v in tot.items()) +
-               f".\nAnswers with reuse equal to those without (compared while the histories are equal): "
-               f"{same} equal, {diverged} chats parted.\n")
+               "".join(f" ({s} / {LANDED}: {tot[s] / tot[LANDED]:.2f}x)" for s in ["moa"] if LANDED in tot) +
+               ".\nAnswers with reuse equal to those without (compared while the histories are equal): " +
+               "; ".join(f"{s} {a} equal, {b} chats parted" for s, (a, b) in equal.items()) + ".\n")
     print(table + summary)
     header = (f"{model}, drafter {drafter}; {args.chats} chats x {args.turns} turns, max_tokens {args.max_tokens}, "
               f"greedy, streaming. Servers:\n\n" + "".join(f"- {s}: `{' '.join(p.cmd)}`\n" for s, p in procs.items())
               + "\n")
     write_results(args.name, {"rows": rows, "records": recs, "settings": vars(args), "model": model,
                               "drafter": drafter, "equal": same, "parted": diverged, "run": info},
-                  header + table + summary, lambda plt: plot(plt, rows), out_dir=args.results_dir, info=info)
+                  header + table + summary, lambda plt: plot(plt, rows, servers), out_dir=args.results_dir, info=info)
     return 0
 
 

@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from typing import Optional
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,11 +60,13 @@ class Proc:
     """One server process on 127.0.0.1:``port``, ready once GET /v1/models answers 200; its
     stdout and stderr go to a temp log file (shown if it fails to start, removed by stop())."""
 
-    def __init__(self, name: str, cmd: list, port: int, timeout: float = 300.0) -> None:
+    def __init__(self, name: str, cmd: list, port: int, timeout: float = 300.0, env: Optional[dict] = None,
+                 cwd: Optional[str] = None) -> None:
         self.name, self.cmd = name, cmd
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"{name}-", suffix=".log", delete=False)
-        env = {k: v for k, v in os.environ.items() if k != "MOA_API_KEY"}
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, text=True, env=env, cwd=REPO)
+        e = {k: v for k, v in os.environ.items() if k != "MOA_API_KEY"}
+        e.update(env or {})
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, text=True, env=e, cwd=cwd or REPO)
         self.port = port
         self._wait_ready(timeout)
 

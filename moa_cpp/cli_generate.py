@@ -177,7 +177,18 @@ def build_generator(args: argparse.Namespace, grammar: Optional[str] = None):
         except ValueError as e:
             gen.close()
             raise InvalidArgumentError(str(e)) from None
+    prefill_shape(gen)
     return gen, draft
+
+
+def prefill_shape(gen) -> None:
+    """Decide the prompt cache's prefill chunk now (moa_cpp/speculative/prefix_cache.py), saying
+    so when that measures the target's exact batch size first (once per model and machine)."""
+    prefix = gen.loop.prefix
+    if prefix.measures_first():
+        print("[measuring this target's exact batch size once (cached for later runs)...]", file=sys.stderr,
+              flush=True)
+    prefix.shape()
 
 
 def sampling_kwargs(args: argparse.Namespace, grammar: Optional[str]) -> dict:

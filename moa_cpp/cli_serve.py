@@ -83,6 +83,9 @@ def run_serve(args: argparse.Namespace) -> int:
         what = "verify cost and exact batch size" if gen0.draft.mode == "auto" else "exact batch size"
         print(f"[measuring the target's {what} once (cached for later runs)...]", file=sys.stderr, flush=True)
         gen0.calibrate()
+    from .cli_generate import prefill_shape
+    for session in sessions:    # the prompt cache's prefill chunk, before a request waits for it
+        prefill_shape(session.gen)
     app = create_app(settings, sessions)
     srv = app.state.server
     host, port = sock.getsockname()[:2]

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import MoaError
-from .exactness import exact_rows as _measured_exact_rows
+from .exactness import cached_exact_rows as _cached_exact_rows, exact_rows as _measured_exact_rows
 from .target_context import TargetContext
 
 __all__ = ["MAX_VERIFY_ROWS", "Target"]
@@ -86,6 +86,13 @@ class Target(TargetContext):
         if known is None:
             known = self._exact_known[upto] = min(upto, int(_measured_exact_rows(self, upto)))
         return known
+
+    def knows_exact_rows(self, upto: int = MAX_VERIFY_ROWS) -> bool:
+        """Whether :meth:`exact_rows` ``(upto)`` answers without measuring (declared, asked
+        before, or cached on disk)."""
+        upto = max(1, min(MAX_VERIFY_ROWS, int(upto)))
+        return (self._max_exact_rows is not None or upto in self._exact_known
+                or _cached_exact_rows(self, upto) is not None)
 
     @property
     def max_exact_rows(self) -> int:

@@ -30,9 +30,15 @@ from moa_cpp import SpeculativeGenerator, defaults
 pytestmark = pytest.mark.model
 
 SYSTEM = "You are a helpful assistant. Answer clearly and keep it short."
-USERS = ["Give me three tips for sleeping better.",
-         "What is the difference between a list and a tuple in Python?",
-         "Write a short poem about autumn leaves."]
+# everyday prompts of 64+ tokens with the template: the landed code prefilled them in one batch of
+# more rows than this target computes like one-token decodes, so a later prompt that reused their
+# cells (the system prompt, an earlier turn) could part from a fresh prefill
+USERS = ["I keep waking up at 3 am and then I cannot fall asleep again for an hour or two. I drink one "
+         "coffee in the morning and I use my phone in bed. Give me three tips for sleeping better.",
+         "I am learning Python for data analysis at work. What is the difference between a list and a "
+         "tuple in Python, and when should I use each one? Please include a short example of both.",
+         "My grandmother loves autumn, especially the colours of the leaves in the park near her house. "
+         "Write a short poem about autumn leaves that I could read to her on her birthday next week."]
 FOLLOW = "Tell me more about the second one."
 N = 48
 

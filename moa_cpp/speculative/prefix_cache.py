@@ -61,7 +61,7 @@ class PrefixCache:
         if self._shape is None:
             t = self.target
             u = int(t.n_ubatch)
-            if not getattr(t, "n_ubatch_given", True):
+            if not self._given():
                 e = t.exact_rows(min(u, MAX_VERIFY_ROWS))
                 if e >= AUTO_MIN_ROWS:
                     u = min(u, e)
@@ -69,6 +69,19 @@ class PrefixCache:
             canonical = u <= MAX_VERIFY_ROWS and t.exact_rows(max(u, 2)) >= max(u, 2)
             self._shape = (u, canonical)
         return self._shape
+
+    def _given(self) -> bool:
+        return bool(getattr(self.target, "n_ubatch_given", True))
+
+    def measures_first(self) -> bool:
+        """Whether :meth:`shape` will first measure the target's exact batch size (seconds, once
+        per model and machine): front ends say so before a user waits for it."""
+        if self._shape is not None:
+            return False
+        u = int(self.target.n_ubatch)
+        if self._given():
+            return u <= MAX_VERIFY_ROWS and not self.target.knows_exact_rows(max(u, 2))
+        return not self.target.knows_exact_rows(min(u, MAX_VERIFY_ROWS))
 
     def chunks(self, start: int, end: int) -> Iterator[tuple[int, int]]:
         """The prefill's decode calls ``[a, b)`` from ``start`` to ``end``: one chunk of the
