@@ -124,7 +124,8 @@ def test_sampling_end_to_end_distribution(fx):
 def test_moa_chain_reports_each_drafts_own_q(fx):
     """Under sampling each chain node carries the distribution its token was drawn from: the
     drafter's own distribution after the drafts before it (recomputed here in one drafter call).
-    A node carrying another node's q (e.g. the root's) breaks speculative sampling's correction."""
+    A node drawn from another node's q (e.g. the root's) would meet the target's draw for its
+    token less often (moa_cpp/speculative/draws.py)."""
     g, gen, _, _ = fx
     prompt = g["prompt_ids"].tolist()
     cfg = DraftConfig("chain", chain=4)
@@ -133,7 +134,7 @@ def test_moa_chain_reports_each_drafts_own_q(fx):
         run, _ = gen.loop.prefill(prompt, 8, sp, cfg)
         assert run.drafting
         prop = gen.loop.proposer
-        proposal = prop.propose(run.feed, run.root, run.n, sp, run.rng, cfg)
+        proposal = prop.propose(run.feed, run.root, run.n, sp, run.cursor(), cfg)
         toks = [int(t) for t in proposal.tokens]
         assert len(proposal.q) == len(toks) == 4
         st = prop.state

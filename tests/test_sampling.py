@@ -154,3 +154,64 @@ def test_tree_with_penalties_and_min_p_keeps_the_joint_law():
     wrong = joint_counts(adjust_rows(raw, sp, hist), N // 4)
     # caught: it emits pairs the target never samples (min-p removed them), or the law is off
     assert wrong[joint == 0].sum() > 0 or _p_value(wrong, joint) < 1e-12
+
+
+def _plain_tokens(draws, sp, n):
+    out: list = []
+    for j in range(n):
+        out.append(draws.sample(probs_from_logits(_toy_target(tuple(out)), sp), j))
+    return out
+
+
+@pytest.mark.parametrize("temp", [1.0, 0.7])
+def test_draws_make_the_text_plain_samplings(temp):
+    """With the generation's draws (token j chosen by draw j), speculative sampling emits plain
+    sampling's tokens whatever was drafted: random point-mass chains and trees, chains sampled
+    from a q with the same draws; and a chain sampled from q = p is accepted whole (both inverse
+    CDFs meet), so matching loses nothing where the drafter is right."""
+    from moa_cpp.speculative.draws import Draws
+    sp = SamplingParams(temp)
+    rng = np.random.default_rng(11)
+    for seed in range(20):
+        want = _plain_tokens(Draws(seed), sp, 12)
+        draws, out = Draws(seed), []
+        while len(out) < 12:
+            kind = rng.integers(3)
+            d = draws.at(len(out))
+            if kind == 0:                                       # random point-mass chain
+                toks = [int(t) for t in rng.integers(0, V, size=3)]
+                prop = Proposal.chain(toks)
+            elif kind == 1:                                     # siblings below the root
+                toks = [int(t) for t in rng.choice(V, size=3, replace=False)]
+                prop = Proposal(np.array(toks, np.int32), np.full(3, -1, np.int32), np.ones(3, np.int32))
+            else:                                               # a chain sampled from q = 0.5 * logits
+                toks, qs, pre = [], [], tuple(out)
+                for _ in range(3):
+                    q = probs_from_logits(_toy_target(pre) * 0.5, SamplingParams(1.0))
+                    toks.append(d.choice(V, p=q))
+                    qs.append(q)
+                    pre += (toks[-1],)
+                prop = Proposal.chain(toks, qs)
+            rows = np.stack([_toy_target(tuple(out))] +                # node i's row follows its path
+                            [_toy_target(tuple(out) + _path(prop, i)) for i in range(prop.n)])
+            v = verify_sampling(prop, rows, sp, draws.at(len(out)))
+            out += v.tokens + [v.bonus]
+        assert out[:12] == want, seed
+    # q = p: a chain drawn with the same draws is accepted whole
+    draws = Draws(5)
+    toks, d, pre = [], draws.at(0), ()
+    for _ in range(4):
+        toks.append(d.choice(V, p=probs_from_logits(_toy_target(pre), sp)))
+        pre += (toks[-1],)
+    rows = np.stack([_toy_target(tuple(toks[:i])) for i in range(5)])
+    v = verify_sampling(Proposal.chain(toks), rows, sp, draws.at(0))
+    assert v.tokens == toks and [*toks, v.bonus] == _plain_tokens(Draws(5), sp, 5)
+
+
+def _path(prop, i):
+    """The tokens from the root to node i (inclusive)."""
+    toks = []
+    while i >= 0:
+        toks.append(int(prop.tokens[i]))
+        i = int(prop.parents[i])
+    return tuple(reversed(toks))
