@@ -475,3 +475,41 @@ def test_auto_stops_paying_for_the_drafter_once_it_cannot_pay():
             p.update(cfg.chain, 0)                      # nothing is ever accepted
             idle = 0
     assert cfg.mode == "none" and p.gave_up(), f"still not given up after {idle} idle cycle(s)"
+
+
+def test_a_drafter_that_sat_out_catches_up_through_the_prefix_cache(fx, fixture_dir):
+    """``moa,ngram`` on one loop, each prompt the previous conversation grown: a fixed chain (the
+    drafter drafts and commits), then ``auto`` where the drafter cannot pay (it sits out: its
+    caches stop at the first generation's text while the target's prefix is reused), then the
+    fixed chain again: the prefix cache's rewind keeps what every source holds, the target
+    re-decodes the rest with capture, the drafter drafts again, and every output is the target's
+    own. (Prompt chunks of 8 positions, so that the fixture target's prefix is reused at all.)"""
+    from moa_cpp.speculative.proposers import make_proposer, moa_state
+    from moa_cpp.target import Target
+    g, gen = fx
+    target = Target.from_path(fixture_dir / "target-f32.gguf", n_ctx=512, n_batch=128, n_ubatch=8, flash_attn=False)
+    try:
+        auto, chain = DraftConfig("auto", chain=6), DraftConfig("chain", chain=3)
+        prop = make_proposer(("moa", "ngram"), target, chain, drafter=gen.proposer.state.model)
+        loop = SpeculativeLoop(target, prop, chain)
+        p = loop.policy_for(auto)
+        for q in (p.merged, p.free):
+            q.verify_cost = {k: v * 0.01 for k, v in COMPUTE_BOUND.items()}
+        p.merged.acceptance = AcceptanceEstimate([0.3], 12.0)
+        ref, prompt = g["target_greedy"].tolist(), g["prompt_ids"].tolist()
+        state = moa_state(prop)
+        toks, st = _run(loop, prompt, 8, chain)
+        assert toks == ref[:8] and st.by_source["moa"]["proposed"] > 0
+        events, undo = _spy(loop, prop)
+        try:
+            toks, st = _run(loop, prompt + ref[:16], 8, auto)
+        finally:
+            undo()
+        assert toks == ref[16:24] and "drafter sits out" in st.decision and st.n_cached > 0
+        assert not events and not prop.needs_capture                       # it sat out: no capture, no commit
+        lag = state.n_ca                                                   # where the rewind left it
+        toks, st = _run(loop, prompt + ref[:24], 8, chain)
+        assert toks == ref[24:32] and 0 < st.n_cached <= lag and prop.needs_capture
+        assert st.by_source["moa"]["proposed"] > 0 and state.n_ca >= len(prompt) + 24   # caught up
+    finally:
+        target.close()
