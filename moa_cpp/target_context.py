@@ -30,6 +30,12 @@ from .target_text import TargetText
 _T = TypeVar("_T", bound="TargetContext")
 
 
+# llama.cpp's KV cache is attended in blocks of 256 cells; a one-token decode over more than one
+# block takes the CPU's split-KV attention, whose sums differ in the last bits from what a row of
+# a multi-row batch computes (measured on SmolLM2 Q4_1, 2 threads: equal at position 255,
+# differing by up to 0.7 logit from position 256 on; tests/test_same_answer.py checks it).
+LONE_ROW_CELLS = 256
+
 class TargetContext(TargetText):
     """A GGUF target model with its own context and a native K/V capture.
 
@@ -153,6 +159,9 @@ class TargetContext(TargetText):
         # bumped by every call that writes the KV cache: a loop that reuses a prompt prefix
         # knows that nobody else wrote it since (calibration, exactness checks, a remote session)
         self.kv_version: int = 0
+        # the lowest position a one-token decode wrote past LONE_ROW_CELLS cells (None: none):
+        # such a cell holds other bits than a batch row computes (the prompt cache stops there)
+        self.lone_row_from: Optional[int] = None
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_layer: int = llama_cpp.llama_model_n_layer(self._model)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
@@ -245,6 +254,9 @@ class TargetContext(TargetText):
             raise InvalidArgumentError("decode(capture=True) on a Target built with install_callback=False")
         last_only = logits != "all"
         self.kv_version += 1
+        if n == 1 and int(pos[0]) >= LONE_ROW_CELLS:
+            p = int(pos[0])
+            self.lone_row_from = p if self.lone_row_from is None else min(self.lone_row_from, p)
         self._batch.fill(toks, pos, seq_ids, last_only)
         lib.moa_capture_reset(self._cap)
         lib.moa_capture_set_enabled(self._cap, capture)
@@ -292,6 +304,8 @@ class TargetContext(TargetText):
     def rollback(self, pos: int) -> None:
         """Drop every cached position >= ``pos`` in every sequence."""
         self.kv_version += 1
+        if self.lone_row_from is not None and self.lone_row_from >= pos:
+            self.lone_row_from = None
         if not llama_cpp.llama_memory_seq_rm(self._mem, -1, int(pos), -1):
             raise MoaError(f"llama_memory_seq_rm(pos >= {pos}) failed: this target's memory cannot roll back")
 
@@ -310,6 +324,7 @@ class TargetContext(TargetText):
     def clear(self) -> None:
         """Empty the KV cache (all sequences)."""
         self.kv_version += 1
+        self.lone_row_from = None
         llama_cpp.llama_memory_clear(self._mem, True)
 
     # ------------------------------------------------------------------ lifetime

@@ -258,3 +258,53 @@ def test_fresh_reference_is_the_cli(fresh):
                        timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.rstrip("\n") == fresh(_msgs(USERS[0]))
+
+
+# ---------------------------------------------------------------------- past the first KV block
+
+LONG = ("Here is a note from our team meeting. " + " ".join(
+    f"Item {i}: the {w} report is due on day {i + 3}, and {n} will review it before it goes out."
+    for i, (w, n) in enumerate([("sales", "Ana"), ("budget", "Ben"), ("hiring", "Chloe"), ("security", "Dev"),
+                                ("travel", "Eli"), ("support", "Fay"), ("design", "Gus"), ("legal", "Hana"),
+                                ("quality", "Ivan"), ("training", "Jo"), ("vendor", "Kim"), ("roadmap", "Lee"),
+                                ("pricing", "Mo"), ("partner", "Nia")])) +
+        " Summarize who reviews what, as a short list.")
+
+
+def _run(gen, msgs, draft, reuse):
+    """(tokens, logprob of each) of a greedy generation through the loop, 12 tokens."""
+    from moa_cpp.speculative.types import SamplingParams
+    from moa_cpp.generator import parse_draft
+    ids = gen.encode(msgs, True)
+    toks, lps = [], []
+    for ev in gen.loop.run(ids, 12, SamplingParams(0.0), parse_draft(draft), 1, reuse=reuse):
+        toks += ev.tokens
+        lps += [lp.logprob for lp in ev.logprobs]
+    return toks, lps, ev.stats.n_cached, len(ids)
+
+
+@pytest.mark.parametrize("draft", ["none", "chain:4"])
+def test_long_prompts_reuse_bit_for_bit(draft):
+    """Prompts past 256 positions, where a one-token decode takes other kernels than a batch row
+    (the split-KV attention of the CPU): the same prompt again (its last token decoded again, one
+    row unless it is moved into a two-row chunk) and the next turn (the earlier answer, decoded
+    one token at a time, is not reused past the first KV block) give a fresh prefill's logits
+    bit for bit, not only its tokens."""
+    gen = SpeculativeGenerator.from_paths(defaults.default_target(), defaults.default_drafter(), n_ctx=2048,
+                                          n_threads=2)
+    try:
+        first = _msgs(LONG)
+        a = _run(gen, first, draft, True)
+        assert a[3] > 300
+        again = _run(gen, first, draft, True)
+        assert again[2] >= a[3] - 2                        # the whole prompt but its last token or two
+        turn2 = first + [{"role": "assistant", "content": gen.target.detokenize(a[0])},
+                         {"role": "user", "content": "Now only the names, please."}]
+        b = _run(gen, turn2, draft, True)
+        assert b[2] > 256
+        fresh_a = _run(gen, first, draft, False)
+        fresh_b = _run(gen, turn2, draft, False)
+        assert again[:2] == a[:2] == fresh_a[:2]
+        assert b[:2] == fresh_b[:2]
+    finally:
+        gen.close()

@@ -10,8 +10,12 @@ answer at a near-tie. Two rules keep every reused cell equal to a fresh prefill'
 - **Canonical** (the prefill chunk ``U`` <= the target's exact batch size ``E``, measured once
   per model: batches of up to E rows compute every row bit for bit as a one-token decode does):
   every cell the loop writes -- prefill chunks, verification batches (at most E rows), plain
-  steps -- holds exactly what token-by-token decoding computes, and so does a fresh prefill.
-  Everything the caches hold can be reused, an earlier answer included.
+  steps -- holds exactly what a fresh prefill computes for it, so everything the caches hold can
+  be reused, an earlier answer included. Except one kind: a one-token decode past the KV cache's
+  first 256-cell block takes the CPU's split-KV attention (other bits than a batch row;
+  ``LONE_ROW_CELLS`` in target_context.py), so reuse stops at the first such cell
+  (``Target.lone_row_from``): there a plain-decoded answer is decoded again, as in the aligned
+  rule, while drafted answers (verification batches) stay reusable.
 - **Aligned** (otherwise: a large ``-ub``, a target exact only for small batches, GPUs): the
   prefill decodes chunks of ``U`` tokens at fixed absolute positions (0..U-1, U..2U-1, ...).
   A fresh prefill of a prompt computes each full chunk from the same tokens in the same batch
@@ -35,6 +39,7 @@ import numpy as np
 
 from ..errors import MoaError
 from ..target import MAX_VERIFY_ROWS
+from ..target_context import LONE_ROW_CELLS
 
 # The smallest exact batch worth prefilling in: below it the default chunk is n_ubatch (aligned
 # reuse), above it the prefill runs in exact chunks (canonical reuse). Prefill speed on the CPU
@@ -114,6 +119,9 @@ class PrefixCache:
         end = g.n - len(g.carry)
         if not self.shape()[1]:
             end = min(end, self._exact_end)     # cells written while decoding: computed again
+        lone = getattr(self.target, "lone_row_from", None)
+        if lone is not None:
+            end = min(end, lone)                # a one-token decode past the first KV block
         return np.asarray(g.ids[:end], dtype=np.int32)
 
     @property
@@ -130,11 +138,19 @@ class PrefixCache:
             return 0
         n = min(held.size, prompt.size - 1)
         diff = np.flatnonzero(held[:n] != prompt[:n])
-        return self._align(int(diff[0]) if diff.size else n)
+        return self._align(int(diff[0]) if diff.size else n, int(prompt.size))
 
-    def _align(self, n: int) -> int:
+    def _align(self, n: int, end: int) -> int:
+        """The prefill of a prompt of ``end`` tokens may start at ``n`` or before: on the chunk
+        grid under the aligned rule; under the canonical one anywhere but where its first chunk
+        would be one token past the first KV block off the grid (a fresh prefill computes that
+        position inside a multi-row chunk, a lone row takes other kernels)."""
         u, canonical = self.shape()
-        return n if canonical else (n // u) * u
+        if not canonical:
+            return (n // u) * u
+        if n >= LONE_ROW_CELLS and n % u and min(end, (n // u + 1) * u) - n == 1:
+            return n - 1
+        return n
 
     def prepare(self, prompt: np.ndarray, proposer: Any, drafting: bool, capture: bool,
                 reuse: bool) -> tuple[int, int]:
@@ -148,8 +164,8 @@ class PrefixCache:
         if proposer is not None:
             if drafting and hasattr(proposer, "rewind"):
                 seen = proposer.rewind(kept)
-                while capture and self._align(seen) != kept:
-                    kept = self._align(seen)
+                while capture and self._align(seen, prompt.size) != kept:
+                    kept = self._align(seen, prompt.size)
                     seen = proposer.rewind(kept)
             else:
                 proposer.reset()
