@@ -111,6 +111,7 @@ def run_chat(args: argparse.Namespace) -> int:
             note = f" [dropped the {dropped} oldest messages: the context is full]" if dropped else ""
             if gen.last_stats is not None:
                 print(stats_line(gen.last_stats) + note, file=sys.stderr, flush=True)
+            gen.loop.settle()          # while the user reads: the next turn reuses this one whole
         calibrate_after(gen)
     finally:
         gen.close()

@@ -308,3 +308,23 @@ def test_long_prompts_reuse_bit_for_bit(draft):
         assert b[:2] == fresh_b[:2]
     finally:
         gen.close()
+
+
+def test_settle_makes_a_plain_answer_reusable():
+    """Past the first KV block a plain-decoded answer is not reusable as it was written; settling
+    between turns (the server after an answer, the chat while the user reads) decodes it again
+    in batches, so the next turn reuses the whole conversation and still answers bit for bit as
+    a fresh prefill."""
+    gen = SpeculativeGenerator.from_paths(defaults.default_target(), None, draft="none", n_ctx=2048, n_threads=2)
+    try:
+        first = _msgs(LONG)
+        a = _run(gen, first, "none", True)
+        assert gen.target.lone_row_from is not None
+        assert gen.loop.settle() > 0 and gen.target.lone_row_from is None
+        turn2 = first + [{"role": "assistant", "content": gen.target.detokenize(a[0])},
+                         {"role": "user", "content": "Now only the names, please."}]
+        b = _run(gen, turn2, "none", True)
+        assert b[2] > a[3]                                  # the earlier answer was reused too
+        assert b[:2] == _run(gen, turn2, "none", False)[:2]
+    finally:
+        gen.close()

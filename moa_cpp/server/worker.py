@@ -97,6 +97,7 @@ class Job:
             finally:
                 it.close()
             self._put("done", gen.last_stats)
+            gen.loop.settle()        # the answer is out: ready the caches for the next turn
         except BaseException as e:   # answered as an error; the server keeps running
             self._put("error", e)
         finally:

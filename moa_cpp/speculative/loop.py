@@ -225,6 +225,12 @@ class SpeculativeLoop:
         """How many leading tokens of ``prompt`` the next prefill would not decode again."""
         return self.prefix.common(np.asarray(prompt, dtype=np.int32).reshape(-1))
 
+    def settle(self) -> int:
+        """Call between generations, when no one waits (a server after sending an answer, a chat
+        while the user reads): re-decodes what plain one-token decodes wrote past the first KV
+        block, so that the next turn reuses the whole conversation (:meth:`PrefixCache.settle`)."""
+        return self.prefix.settle()
+
     @property
     def n_cached(self) -> int:
         """Tokens the target's KV cache holds from this loop's latest generation (0: none valid)."""

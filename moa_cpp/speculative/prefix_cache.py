@@ -124,6 +124,36 @@ class PrefixCache:
             end = min(end, lone)                # a one-token decode past the first KV block
         return np.asarray(g.ids[:end], dtype=np.int32)
 
+    def settle(self) -> int:
+        """Between generations (a user reads the answer): decode again, in batches of 2..U rows,
+        the cells from the first one a one-token decode wrote past the first KV block to the end
+        of what the caches hold, so that the next prompt may reuse them (a fresh prefill computes
+        them the same). Canonical rule only; the drafter keeps its view (its drafts never change
+        an answer). Returns how many positions were decoded again."""
+        held, lone = self._held_all(), getattr(self.target, "lone_row_from", None)
+        if held is None or lone is None or lone >= held.size or not self.shape()[1]:
+            return 0
+        u, end = max(2, self.shape()[0]), int(held.size)
+        start = lone - 1 if end - lone == 1 else lone      # never a lone row
+        g = self._last[1]
+        self.target.rollback(start)
+        a = start
+        while a < end:
+            b = min(end, a + u)
+            if end - b == 1:                                 # the last piece would be a lone row
+                b -= 1
+            self.target.decode(held[a:b], np.arange(a, b, dtype=np.int32))
+            a = b
+        self.record(g)
+        return end - start
+
+    def _held_all(self) -> Optional[np.ndarray]:
+        """What the target's KV cache holds from the latest generation (before the lone-row cut)."""
+        if self._last is None or self._last[0] != self.target.kv_version:
+            return None
+        g = self._last[1]
+        return np.asarray(g.ids[: g.n - len(g.carry)], dtype=np.int32)
+
     @property
     def n_cached(self) -> int:
         """Tokens the target's KV cache holds that a prompt may reuse (0: none)."""
