@@ -10,6 +10,7 @@ the current step; the session is given back the moment the thread stops using it
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from typing import Any, Callable, Optional
 
 from .errors import APIError, bad_request
 from .sessions import Session
+
+log = logging.getLogger("moa_cpp.server")
 
 
 @dataclass
@@ -97,7 +100,11 @@ class Job:
             finally:
                 it.close()
             self._put("done", gen.last_stats)
-            gen.loop.settle()        # the answer is out: ready the caches for the next turn
+            try:
+                gen.loop.settle()    # the answer is out: ready the caches for the next turn
+            except Exception:        # the answer was sent; the next prompt decodes more instead
+                log.exception("settling the session's caches failed")
+                gen.target.clear()
         except BaseException as e:   # answered as an error; the server keeps running
             self._put("error", e)
         finally:
