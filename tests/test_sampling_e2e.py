@@ -163,10 +163,11 @@ def _sample(loop, prompt, n, seed0=0):
     return counts, drafted, accepted, deep, np.array(first, float)
 
 
-def expected_first_cycle_accepted(lookup, sp, spq, k):
+def expected_first_cycle_accepted(lookup, sp, spq, k, meet=np.minimum):
     """Exact mean number of drafts a k-chain accepts in the first cycle: sum over d of P(the first
-    d drafts are accepted) = E over t1 ~ p of the sum over x1..xd of prod min(p, q) (a draft x
-    drawn from q and accepted with min(1, p/q) has probability min(p(x), q(x)))."""
+    d drafts are accepted) = E over t1 ~ p of the sum over x1..xd of prod meet(p, q): min(p, q)
+    for rejection sampling (a draft x drawn from q and accepted with min(1, p/q) has probability
+    min(p(x), q(x))), :func:`_overlap` for drafts drawn with the target's own draws."""
     total = 0.0
     level = {}
     p1 = probs_from_logits(lookup(()), sp)
@@ -176,7 +177,7 @@ def expected_first_cycle_accepted(lookup, sp, spq, k):
         nxt = {}
         for pre, w in level.items():
             lg = lookup(pre)
-            m = np.minimum(probs_from_logits(lg, sp), probs_from_logits(lg, spq))
+            m = meet(probs_from_logits(lg, sp), probs_from_logits(lg, spq))
             for x in np.flatnonzero(m > 0):
                 nxt[pre + (int(x),)] = w * float(m[x])
         level = nxt
@@ -192,28 +193,6 @@ def _overlap(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.maximum(0.0, np.minimum(cp, cq) - lo)
 
 
-def expected_first_cycle_accepted_coupled(lookup, sp, spq, k):
-    """Exact mean number of drafts a k-chain accepts in the first cycle when depth d's draft is
-    drawn from q with the draw the target's token d takes (moa_cpp/speculative/draws.py): the
-    sum over d of P(the first d drafts equal the target's tokens) = E over t1 ~ p of the sum over
-    x1..xd of the product of the CDF-interval overlaps."""
-    total = 0.0
-    level = {}
-    p1 = probs_from_logits(lookup(()), sp)
-    for t in np.flatnonzero(p1 > 0):
-        level[(int(t),)] = float(p1[t])
-    for _ in range(k):
-        nxt = {}
-        for pre, w in level.items():
-            lg = lookup(pre)
-            m = _overlap(probs_from_logits(lg, sp), probs_from_logits(lg, spq))
-            for x in np.flatnonzero(m > 0):
-                nxt[pre + (int(x),)] = w * float(m[x])
-        level = nxt
-        total += sum(level.values())
-    return total
-
-
 def test_chain_sampling_law_with_deep_acceptance(setup):
     target, lookup, prompt, path = setup
     cfg = DraftConfig("chain", chain=3)
@@ -226,7 +205,7 @@ def test_chain_sampling_law_with_deep_acceptance(setup):
     law = lookup.law(SP, N_TOKENS)
     pval = _p_value(counts, law, n)
     spq = dataclasses.replace(SP, temperature=SP.temperature * DRAFT_TEMP)
-    want = expected_first_cycle_accepted_coupled(lookup, SP, spq, 3)
+    want = expected_first_cycle_accepted(lookup, SP, spq, 3, meet=_overlap)
     # rejection sampling (min(1, p/q)) would accept a little more, at the price of a seed's text
     # depending on the drafts; the coupled draws give up that much for plain sampling's text
     rejection = expected_first_cycle_accepted(lookup, SP, spq, 3)
