@@ -113,16 +113,16 @@ class PrefixCache:
 
     def _held(self) -> Optional[np.ndarray]:
         """The tokens at positions 0.. whose cells a fresh prefill would compute the same."""
-        if self._last is None or self._last[0] != self.target.kv_version:
+        held = self._held_all()
+        if held is None:
             return None
-        g = self._last[1]
-        end = g.n - len(g.carry)
+        end = held.size
         if not self.shape()[1]:
             end = min(end, self._exact_end)     # cells written while decoding: computed again
         lone = getattr(self.target, "lone_row_from", None)
         if lone is not None:
             end = min(end, lone)                # a one-token decode past the first KV block
-        return np.asarray(g.ids[:end], dtype=np.int32)
+        return held[:end]
 
     def settle(self) -> int:
         """Between generations (a user reads the answer): decode again, in batches of 2..U rows,
