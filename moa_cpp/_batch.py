@@ -31,15 +31,20 @@ class LlamaBatch:
         self._seq_rows = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,)) for i in range(n_tokens_max)]
         self._seq0 = 0    # leading rows whose first sequence id is known to be 0 (saves a loop per decode)
 
-    def fill(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: Optional[SeqIds], last_only: bool = False) -> None:
-        """Write one decode's inputs; every row requests logits, or only the last one."""
+    def fill(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: Optional[SeqIds], last_only: bool = False,
+             outputs: Optional[np.ndarray] = None) -> None:
+        """Write one decode's inputs; every row requests logits, or only the last one, or the
+        rows where ``outputs`` (bool per row) is set."""
         n = len(tokens)
         if not 0 < n <= self.n_tokens_max:
             raise InvalidArgumentError(f"decode: {n} tokens; a decode takes 1..{self.n_tokens_max} (n_batch)")
         self._token[:n] = tokens
         self._pos[:n] = positions
-        self._logits[:n] = 0 if last_only else 1
-        self._logits[n - 1] = 1
+        if outputs is not None:
+            self._logits[:n] = outputs
+        else:
+            self._logits[:n] = 0 if last_only else 1
+            self._logits[n - 1] = 1
         if seq_ids is None:
             self._n_seq_id[:n] = 1
             if self._seq0 < n:        # rows up to _seq0 already hold sequence 0 alone

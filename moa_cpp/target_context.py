@@ -258,6 +258,20 @@ class TargetContext(TargetText):
             p = int(pos[0])
             self.lone_row_from = p if self.lone_row_from is None else min(self.lone_row_from, p)
         self._batch.fill(toks, pos, seq_ids, last_only)
+        return self._run_batch(n, 1 if last_only else n, capture)
+
+    def decode_rows(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: SeqIds, outputs: np.ndarray,
+                    capture: bool) -> np.ndarray:
+        """One ``llama_decode`` of already checked inputs, with logits for the rows where
+        ``outputs`` is set (``[outputs.sum(), n_vocab]``, batch order). For callers that lay out
+        batches of several sequences themselves (:mod:`moa_cpp.target_slots`); they keep
+        :attr:`kv_version` and :attr:`lone_row_from` of their own sequences."""
+        if self._ctx is None:
+            raise MoaError("Target is closed")
+        self._batch.fill(tokens, positions, seq_ids, outputs=outputs)
+        return self._run_batch(len(tokens), int(np.count_nonzero(outputs)), capture)
+
+    def _run_batch(self, n: int, rows: int, capture: bool) -> np.ndarray:
         lib.moa_capture_reset(self._cap)
         lib.moa_capture_set_enabled(self._cap, capture)
         rc = llama_cpp.llama_decode(self._ctx, self._batch.batch)
@@ -269,7 +283,6 @@ class TargetContext(TargetText):
             n_rows = check(lib.moa_capture_n_rows(self._cap))
             if n_rows != n:
                 raise MoaError(f"capture inconsistent: {n_rows} rows captured for a {n}-token decode")
-        rows = 1 if last_only else n
         ptr = llama_cpp.llama_get_logits(self._ctx)
         # one ctypes array type per row count, made once (np.ctypeslib.as_array builds one per call)
         arr_t = self._logits_types.get(rows)

@@ -1,9 +1,12 @@
 """Generation sessions: ``--parallel N`` of them, allocated at start (memory is bounded then),
 and a bounded FIFO of requests waiting for one (503 + Retry-After beyond it).
 
-A session is a :class:`SpeculativeGenerator` on its own llama.cpp context (the model weights are
-shared) with its own drafter state (the drafter weights are shared). One generation at a time
-runs on a session; several sessions run in parallel threads.
+A session is a :class:`SpeculativeGenerator` with its own drafter state (the drafter weights are
+shared). With continuous batching (``--parallel N`` > 1, the default ``--cont-batching``) the
+sessions are the slots of one llama.cpp context, and every cycle decodes all generating slots in
+one batch (:mod:`moa_cpp.target_slots`); with ``--no-cont-batching`` each session has a context of
+its own (the model weights are shared). One generation at a time runs on a session; several
+sessions run in parallel threads.
 """
 from __future__ import annotations
 
@@ -44,8 +47,9 @@ def resolve_models(s: ServerSettings) -> tuple:
 
 
 def build_sessions(s: ServerSettings) -> list:
-    """Load the target once, then ``s.parallel`` contexts + proposers on it (the drafter's weights
-    are shared; each session has its own drafter state or draft-model context)."""
+    """Load the target once, then ``s.parallel`` sessions on it: the slots of one batched context
+    (:func:`batched_slots`), or a context each (the drafter's weights are shared; each session has
+    its own drafter state or draft-model context)."""
     from ..drafter import DrafterModel
     from ..defaults import ngram_settings
     from ..target import Target
@@ -53,14 +57,21 @@ def build_sessions(s: ServerSettings) -> list:
     target_path, drafter_path, draft_model, kinds, draft = resolve_models(s)
     threads = s.session_threads()
     ngram = ngram_settings(s.ngram_n_min, s.ngram_n_max)
-    base = Target.from_path(target_path, n_ctx=s.n_ctx, n_threads=threads, n_gpu_layers=s.n_gpu_layers,
-                            rpc=s.rpc or None, **s.target_options)
+    batched = s.batching()
+    if batched:
+        base, slots = batched_slots(s, target_path)
+    else:
+        base = Target.from_path(target_path, n_ctx=s.n_ctx, n_threads=threads, n_gpu_layers=s.n_gpu_layers,
+                                rpc=s.rpc or None, **s.target_options)
     sessions: list = []
     try:
         drafter = (DrafterModel(drafter_path, target_path, device=s.device, n_threads=threads)
                    if drafter_path else None)
         for i in range(s.parallel):
-            tgt = base if i == 0 else base.sibling(n_threads=threads)
+            if batched:
+                tgt = slots.slot(i)
+            else:
+                tgt = base if i == 0 else base.sibling(n_threads=threads)
             proposer = None
             if draft_model is not None:
                 proposer = make_proposer(kinds, tgt, parse_draft(draft), drafter=drafter, draft_model=draft_model,
@@ -75,6 +86,29 @@ def build_sessions(s: ServerSettings) -> list:
         base.close()
         raise
     return sessions
+
+
+def batched_slots(s: ServerSettings, target_path: Any) -> tuple:
+    """(shared target, :class:`~moa_cpp.target_slots.BatchEngine`): one context with one KV
+    stream of ``s.n_ctx`` cells per slot, all threads. Its exact batch size is measured here,
+    before any slot holds cells (it is cached on disk; measuring uses the KV cache), and bounds
+    the engine's calls, so that sharing a call never changes a slot's rows."""
+    from ..target import MAX_VERIFY_ROWS, Target
+    from ..target_slots import BatchEngine
+
+    opts = dict(s.target_options)
+    n_batch = max(int(opts.pop("n_batch", 512)), 64 * s.parallel)
+    base = Target.from_path(target_path, n_ctx=s.n_ctx * s.parallel, n_threads=s.session_threads(),
+                            n_gpu_layers=s.n_gpu_layers, rpc=s.rpc or None, n_seq_max=s.parallel, kv_unified=False,
+                            n_batch=n_batch, **opts)
+    try:
+        exact = base.exact_rows(MAX_VERIFY_ROWS)
+        base.max_exact_rows = exact              # declared: never measured again while slots hold cells
+        engine = BatchEngine(base, s.parallel, exact if exact >= 2 else n_batch)
+    except BaseException:
+        base.close()
+        raise
+    return base, engine
 
 
 def model_id(s: ServerSettings, sessions: list) -> str:

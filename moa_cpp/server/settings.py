@@ -20,6 +20,7 @@ class ServerSettings:
     api_keys: list = field(default_factory=list)
     insecure_no_auth: bool = False
     parallel: int = 1                       # pre-allocated sessions
+    cont_batching: bool = True              # --parallel > 1: the sessions share one context, one decode per cycle
     queue: int = 16                         # requests waiting for a session beyond them
     n_ctx: int = 4096                       # per session
     threads: Optional[int] = None           # per session (default: cores / parallel)
@@ -58,14 +59,19 @@ class ServerSettings:
             return self.max_sessions_per_key
         return max(1, self.parallel // 2) if self.api_keys else 0
 
+    def batching(self) -> bool:
+        """Whether the sessions are slots of one batched context (llama-server's continuous batching)."""
+        return self.cont_batching and self.parallel > 1
+
     def session_threads(self) -> int:
+        """Threads of each session's context (batched: of the one shared context)."""
         if self.threads:
             return self.threads
         try:
             cores = len(os.sched_getaffinity(0))
         except AttributeError:
             cores = os.cpu_count() or 1
-        return max(1, cores // self.parallel)
+        return cores if self.batching() else max(1, cores // self.parallel)
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -91,12 +97,19 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve Prometheus metrics at GET /metrics (llama-server's flag; behind the API key)")
     p.add_argument("-np", "--parallel", type=_positive, default=1,
                    help="concurrent generations: sessions (context + drafter state) allocated at start (default 1)")
+    cb = p.add_mutually_exclusive_group()
+    cb.add_argument("-cb", "--cont-batching", dest="cont_batching", action="store_true", default=True,
+                    help="with --parallel > 1, decode every generating session's rows in one batch on one context "
+                         "(default; llama-server's continuous batching). Trees are verified along their main path")
+    cb.add_argument("-nocb", "--no-cont-batching", dest="cont_batching", action="store_false",
+                    help="a context of its own per session (each decodes alone; trees verified whole)")
     p.add_argument("--queue", type=_non_negative, default=16,
                    help="requests that may wait for a session (FIFO); beyond: 503 + Retry-After (default 16)")
     p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=_positive, default=4096,
                    help="context size per session (default 4096)")
     p.add_argument("-t", "--threads", type=_positive, default=None,
-                   help="CPU threads per session (default: cores / --parallel)")
+                   help="CPU threads of the target (default: all cores; with --no-cont-batching per session, "
+                        "default cores / --parallel)")
     p.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=None,
                    help="target layers to offload to a GPU or rpc-servers (-1: all; default 0, all with --rpc)")
     p.add_argument("--device", default="auto",
@@ -149,7 +162,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     from ..cli_llama import drafter_device, target_options
     return ServerSettings(target_options=target_options(args), model=args.model, drafter=args.drafter, host=args.host, port=args.port,
                           api_keys=load_api_keys(args.api_key_file, inline=args.api_key), insecure_no_auth=args.insecure_no_auth,
-                          parallel=args.parallel, queue=args.queue, n_ctx=args.n_ctx, threads=args.threads,
+                          parallel=args.parallel, cont_batching=args.cont_batching, queue=args.queue, n_ctx=args.n_ctx, threads=args.threads,
                           n_gpu_layers=ngl, device=drafter_device(args), draft=args.draft, rpc=rpc,
                           spec_type=args.spec_type, ngram_n_min=args.ngram_n_min, ngram_n_max=args.ngram_n_max,
                           draft_min=args.draft_min,

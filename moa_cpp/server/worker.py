@@ -83,6 +83,10 @@ class Job:
 
     def _run(self) -> None:
         gen, p = self.session.gen, self.params
+        # a batched slot: the other slots' decodes wait for this one's while it generates
+        engine = getattr(gen.target, "engine", None)
+        if engine is not None:
+            engine.enter(gen.target.seq)
         try:
             if self.cancelled.is_set():
                 return
@@ -108,6 +112,8 @@ class Job:
         except BaseException as e:   # answered as an error; the server keeps running
             self._put("error", e)
         finally:
+            if engine is not None:
+                engine.leave(gen.target.seq)
             try:
                 self._loop.call_soon_threadsafe(self._release, self.session)
             except RuntimeError:

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import CacheFullError
 from ..target import MAX_VERIFY_ROWS, Target
 from .policy import Policy, make_policy
-from .scorer import TargetScorer
+from .scorer import TargetScorer, main_path
 from .types import (NO_DRAFT, DraftConfig, Proposal, Proposer, SamplingParams, Scores, SpecStats, StepResult,
                     TokenLogprob, Verdict)
 from .grammar import Grammar, constrain_rows
@@ -356,8 +356,13 @@ class SpeculativeLoop:
     def _propose(self, g: Generation, cfg: DraftConfig) -> Proposal:
         if cfg.mode == "none":
             return Proposal.empty()
+        if cfg.mode == "tree" and not getattr(self.target, "holds_trees", True):
+            cfg = replace(cfg, mode="chain", chain=min(cfg.depth, cfg.total))   # a batched slot: its main path
         proposal = self.proposer.propose(g.feed, g.root, g.n, g.sp, g.cursor(), cfg)
         g.feed = []
+        if proposal.n and not getattr(self.target, "holds_trees", True) and not proposal.is_chain():
+            # a batched slot has one sequence: verify the tree's main path (its best guess)
+            proposal = proposal.along(main_path(proposal))
         if g.policy.contextual:
             # a free lookup priced after the fact: keep the drafts that pay for this match
             k = g.policy.fit(self.proposer.context) if proposal.n else 0

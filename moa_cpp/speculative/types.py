@@ -164,6 +164,15 @@ class Proposal:
                         None if self.q is None else self.q[cut], self.draft_rows,
                         None if self.sources is None else self.sources[cut])
 
+    def along(self, nodes: Sequence[int]) -> "Proposal":
+        """The nodes of one root-to-leaf path (``nodes``, root side first) as a chain."""
+        idx = np.asarray(nodes, dtype=np.int64)
+        k = len(idx)
+        return Proposal(self.tokens[idx], np.arange(-1, k - 1, dtype=np.int32), np.arange(1, k + 1, dtype=np.int32),
+                        None if self.scores is None else self.scores[idx],
+                        None if self.q is None else [self.q[i] for i in idx.tolist()], self.draft_rows,
+                        None if self.sources is None else self.sources[idx])
+
     def source_of(self, node: int, names: Sequence[str]) -> str:
         """Who proposed ``node``: its source's name (``names``: the proposer's sources in bit
         order), sources joined by "+" where a hybrid's sources proposed it alike."""

@@ -1,0 +1,293 @@
+"""Continuous batching: several generations on ONE target context, one ``llama_decode`` per
+cycle for all of them (llama-server's slots).
+
+:class:`BatchEngine` owns a :class:`~moa_cpp.target.Target` whose KV cache has one stream per
+slot (``kv_unified=False``). :class:`SlotTarget` is what a slot's speculative loop sees: a
+``Target`` whose sequence 0 is its slot's stream. A slot's :meth:`SlotTarget.decode` does not
+decode at once: it waits until every slot that is generating has asked for its decode (prompt
+chunk, verification rows, plain step), then one thread lays all of them out in one batch and
+hands each slot its logits and K/V. So N users share each pass over the weights, and the loop
+itself (propose -> score -> verify -> commit) is unchanged.
+
+Exactness per slot (docs/serving.md#continuous-batching): a row's logits depend on how many rows
+its ubatch has and on the order of the KV cells its attention visits. Each slot's cells live in
+its own stream, in position order as in a context of its own, and the engine packs requests
+into calls of at most ``max_rows`` rows, the largest batch the target computes bit-identically to
+single-token decodes (:meth:`Target.exact_rows`); a request larger than that runs in a call of
+its own, as it would alone. So a slot's rows are the rows it would get alone. Two things cannot
+be had on one stream per slot: a tree's extra sequences (the loop verifies a tree's main path:
+:attr:`SlotTarget.holds_trees`), and the lone row of a one-token decode past the first KV block,
+which takes llama.cpp's split-KV attention alone and the ordinary one in company (both are
+batch-invariant otherwise; ``PrefixCache`` already treats lone-row cells as non-reusable).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from .errors import InvalidArgumentError, MoaError
+from .target_context import LONE_ROW_CELLS, TargetContext
+from .ubatch_order import split_equal_order
+
+
+class _Request:
+    __slots__ = ("slot", "tokens", "positions", "capture", "all_rows", "logits", "lsa", "lone", "error", "done")
+
+    def __init__(self, slot: "SlotTarget", tokens: np.ndarray, positions: np.ndarray, capture: bool,
+                 all_rows: bool) -> None:
+        self.slot, self.tokens, self.positions = slot, tokens, positions
+        self.capture, self.all_rows = capture, all_rows
+        self.logits: Optional[np.ndarray] = None
+        self.lsa: Optional[np.ndarray] = None
+        self.lone = False
+        self.error: Optional[BaseException] = None
+        self.done = False
+
+
+class BatchEngine:
+    """The shared context and the rendezvous of its slots' decodes.
+
+    A slot that generates is *active* (:meth:`enter` / :meth:`leave`, around a whole job). A
+    decode waits until every active slot has one pending; the thread whose request completes the
+    set runs them all (no extra thread, no hand-off on the single-user path). Requests of threads
+    that are not active (start-up calibration, a remote-protocol verify) join the next set, or
+    run at once when no slot is active."""
+
+    def __init__(self, target: Any, n_slots: int, max_rows: int) -> None:
+        if target.kv_unified:
+            raise InvalidArgumentError("BatchEngine needs a target with one KV stream per slot (kv_unified=False)")
+        if n_slots > target.n_seq_max:
+            raise InvalidArgumentError(f"{n_slots} slots on a context of {target.n_seq_max} sequences")
+        self.target = target
+        self.n_slots = n_slots
+        self.max_rows = max(1, int(max_rows))
+        self.n_ctx_slot = target.n_ctx // target.n_seq_max
+        self._cv = threading.Condition()
+        self._active: set = set()
+        self._pending: dict = {}
+        self._running = False
+        self._ctx_lock = threading.Lock()       # every llama.cpp call on the shared context
+        self.calls = 0                          # llama_decode calls (statistics)
+        self.batches = 0                        # rendezvous sets
+        self.rows = 0
+        self._slots = [SlotTarget(self, i) for i in range(n_slots)]
+
+    def slot(self, i: int) -> "SlotTarget":
+        return self._slots[i]
+
+    # ------------------------------------------------------------------ rendezvous
+
+    def enter(self, seq: int) -> None:
+        with self._cv:
+            self._active.add(seq)
+
+    def leave(self, seq: int) -> None:
+        with self._cv:
+            self._active.discard(seq)
+            self._cv.notify_all()               # the others may all be waiting now
+
+    def _take(self) -> Optional[list]:
+        if self._running or not self._pending or not self._active.issubset(self._pending):
+            return None
+        reqs = [self._pending[k] for k in sorted(self._pending)]
+        self._pending.clear()
+        self._running = True
+        return reqs
+
+    def submit(self, req: _Request) -> None:
+        seq = req.slot.seq
+        with self._cv:
+            if seq in self._pending:
+                raise MoaError(f"slot {seq}: two decodes at once (one thread per slot)")
+            self._pending[seq] = req
+            while not req.done:
+                reqs = self._take()
+                if reqs is None:
+                    self._cv.wait()
+                    continue
+                self._cv.release()
+                try:
+                    self._execute(reqs)
+                finally:
+                    self._cv.acquire()
+                    self._running = False
+                    self._cv.notify_all()
+        if req.error is not None:
+            raise req.error
+
+    # ------------------------------------------------------------------ one set
+
+    def _calls(self, reqs: list) -> list:
+        """Requests packed in order into calls of at most ``max_rows`` rows (and ``n_batch``
+        tokens); a larger request alone."""
+        cap = min(self.max_rows, self.target.n_batch)
+        calls: list = []
+        cur: list = []
+        rows = 0
+        for r in reqs:
+            n = len(r.tokens)
+            if cur and rows + n > cap:
+                calls.append(cur)
+                cur, rows = [], 0
+            cur.append(r)
+            rows += n
+        if cur:
+            calls.append(cur)
+        return calls
+
+    def _execute(self, reqs: list) -> None:
+        self.batches += 1
+        for call in self._calls(reqs):
+            try:
+                with self._ctx_lock:
+                    self._run_call(call)
+            except BaseException as e:          # every request of the call gets the error
+                for r in call:
+                    r.error = e
+            for r in call:
+                r.done = True
+
+    def _run_call(self, call: list) -> None:
+        tgt = self.target
+        tokens = np.concatenate([r.tokens for r in call])
+        positions = np.concatenate([r.positions for r in call])
+        seqs = np.concatenate([np.full(len(r.tokens), r.slot.seq, np.int32) for r in call])
+        outputs = np.zeros(len(tokens), np.int8)
+        starts = np.cumsum([0] + [len(r.tokens) for r in call])
+        for r, a, b in zip(call, starts[:-1], starts[1:]):
+            if r.all_rows:
+                outputs[a:b] = 1
+            else:
+                outputs[b - 1] = 1
+        capture = any(r.capture for r in call)
+        logits = tgt.decode_rows(tokens, positions, seqs.tolist(), outputs, capture)
+        self.calls += 1
+        self.rows += len(tokens)
+        inv = None
+        if capture and len(call) > 1:
+            order, _ = split_equal_order(seqs.tolist(), tgt.n_ubatch)
+            inv = np.empty(len(order), np.int32)
+            inv[np.asarray(order)] = np.arange(len(order), dtype=np.int32)
+        out = np.cumsum([0] + [int(outputs[a:b].sum()) for a, b in zip(starts[:-1], starts[1:])])
+        for k, (r, a, b) in enumerate(zip(call, starts[:-1], starts[1:])):
+            r.logits = logits[out[k]:out[k + 1]]
+            if r.capture:
+                rows = np.arange(a, b, dtype=np.int32) if inv is None else inv[a:b]
+                r.lsa = tgt.captured_lsa_in(rows)
+            r.lone = len(tokens) == 1 and int(positions[0]) >= LONE_ROW_CELLS
+
+    # ------------------------------------------------------------------ KV edits
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        with self._ctx_lock:
+            self.target.seq_rm(seq, p0, p1)
+
+    def seq_pos_max(self, seq: int) -> int:
+        import llama_cpp
+        with self._ctx_lock:
+            return int(llama_cpp.llama_memory_seq_pos_max(self.target._mem, seq))
+
+    def close(self) -> None:
+        self.target.close()
+
+
+class SlotTarget:
+    """One slot's view of the shared target: its sequence is the loop's sequence 0; everything
+    that is not about the KV cache (vocabulary, chat template, measurements) is the shared
+    target's. Thread-safe against the other slots; one thread at a time per slot."""
+
+    holds_trees = False                       # one stream per slot: no room for a tree's sequences
+    n_seq_max = 1
+
+    def __init__(self, engine: BatchEngine, seq: int) -> None:
+        self.__dict__["_engine"] = engine
+        self.__dict__["seq"] = seq
+        self.kv_version = 0
+        self.lone_row_from: Optional[int] = None
+        self.n_ctx = engine.n_ctx_slot
+        self._lsa: Optional[np.ndarray] = None
+
+    def __getattr__(self, name: str) -> Any:     # the shared target's (only for what is not set here)
+        return getattr(self.__dict__["_engine"].target, name)
+
+    @property
+    def engine(self) -> BatchEngine:
+        return self._engine
+
+    # ------------------------------------------------------------------ decoding
+
+    @property
+    def n_past(self) -> int:
+        return self._engine.seq_pos_max(self.seq) + 1
+
+    def decode(self, tokens: Sequence[int], positions: Optional[Sequence[int]] = None, seq_ids: Any = None,
+               capture: bool = True, logits: Optional[str] = "all") -> np.ndarray:
+        """:meth:`Target.decode` on this slot's sequence, batched with the other slots' decodes."""
+        toks = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        n = len(toks)
+        if not 0 < n <= self._engine.target.n_batch:
+            raise InvalidArgumentError(f"decode: {n} tokens; a decode takes 1..{self._engine.target.n_batch} (n_batch)")
+        pos = (np.arange(n, dtype=np.int32) + self.n_past if positions is None
+               else np.asarray(positions, dtype=np.int32).reshape(-1))
+        if len(pos) != n:
+            raise InvalidArgumentError(f"decode: {len(pos)} positions for {n} tokens")
+        if toks.min() < 0 or toks.max() >= self.n_vocab:
+            raise InvalidArgumentError(f"decode: token ids must be in [0, {self.n_vocab})")
+        if seq_ids is not None and any(np.ravel(s).tolist() != [0] for s in seq_ids):
+            raise InvalidArgumentError("decode: a batched slot holds one sequence (trees need --no-cont-batching)")
+        if capture and not self._engine.target._has_callback:
+            raise InvalidArgumentError("decode(capture=True) on a Target built with install_callback=False")
+        self.kv_version += 1
+        self._lsa = None
+        req = _Request(self, toks, pos, capture, logits == "all")
+        self._engine.submit(req)
+        if req.lone:
+            p = int(pos[0])
+            self.lone_row_from = p if self.lone_row_from is None else min(self.lone_row_from, p)
+        self._lsa = req.lsa
+        return req.logits
+
+    @property
+    def n_captured(self) -> int:
+        return 0 if self._lsa is None else len(self._lsa)
+
+    def captured_lsa_in(self, rows: Optional[Sequence[int]] = None) -> np.ndarray:
+        if self._lsa is None:
+            return np.empty((0, self.n_layer, self.lsa_width), np.float32)
+        return self._lsa.copy() if rows is None else self._lsa[np.asarray(rows, dtype=np.int64)]
+
+    def captured_kv(self, rows: Optional[Sequence[int]] = None) -> tuple:
+        return TargetContext.captured_kv(self, rows)
+
+    # ------------------------------------------------------------------ the KV cache
+
+    def rollback(self, pos: int) -> None:
+        self.kv_version += 1
+        if self.lone_row_from is not None and self.lone_row_from >= pos:
+            self.lone_row_from = None
+        self._engine.seq_rm(self.seq, int(pos), -1)
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
+        if seq_id not in (0, -1):
+            raise InvalidArgumentError(f"seq_rm({seq_id}): a batched slot holds sequence 0 only")
+        self.kv_version += 1
+        self._engine.seq_rm(self.seq, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        raise InvalidArgumentError("a batched slot holds one sequence: trees need --no-cont-batching")
+
+    def clear(self) -> None:
+        self.kv_version += 1
+        self.lone_row_from = None
+        self._engine.seq_rm(self.seq, -1, -1)
+
+    def sibling(self, **_: Any) -> Any:
+        raise InvalidArgumentError("a batched slot has no siblings: its engine holds one slot per sequence")
+
+    def close(self) -> None:
+        """The engine owns the context (BatchEngine.close)."""
+
+    def __repr__(self) -> str:
+        return f"SlotTarget(seq={self.seq}, n_ctx={self.n_ctx}, {self._engine.target!r})"

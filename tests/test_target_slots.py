@@ -1,0 +1,105 @@
+"""Continuous batching's engine (moa_cpp/target_slots.py): slots of one context decoded in one
+batch give each slot the logits and K/V it gets alone, bit for bit, on a real model."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from moa_cpp import models
+from moa_cpp.errors import InvalidArgumentError
+from moa_cpp.target import Target
+from moa_cpp.target_slots import BatchEngine
+from moa_cpp.ubatch_order import split_equal_order
+
+TEXTS = ["The quick brown fox jumps over the lazy dog. " * 3,
+         "Once upon a time in a land far away, there lived",
+         "def fib(n):\n    return n if n < 2 else fib(n-1) + fib(n-2)\n# now"]
+
+
+def test_split_equal_order_lays_out_equal_runs():
+    # seqs 0 and 1 with 3 and 1 tokens: a ubatch of one token each, then seq 0's other two
+    assert split_equal_order([0, 0, 0, 1], 512) == ([0, 3, 1, 2], [2, 2])
+    # a gap in the sequence ids (0, 2) is not one run: seq 0 first, then seq 2
+    assert split_equal_order([0, 2, 2], 512) == ([0, 1, 2], [1, 2])
+    # n_ubatch caps the tokens per ubatch: 2 seqs x 2 tokens, then the rest
+    order, sizes = split_equal_order([0] * 5 + [1] * 5, 4)
+    assert sizes == [4, 4, 2] and sorted(order) == list(range(10))
+
+
+@pytest.fixture(scope="module")
+def targets():
+    p = models.smollm2_path()
+    ref = Target.from_path(p, n_ctx=1024, n_threads=2)
+    base = Target.from_path(p, n_ctx=3 * 1024, n_threads=2, n_seq_max=3, kv_unified=False)
+    yield ref, BatchEngine(base, 3, 63)
+    ref.close()
+    base.close()
+
+
+def _run(t, toks, slot, steps=16):
+    """Prefill, then verification batches of 1..5 rows (different per slot), keeping one row."""
+    t.clear()
+    lg = t.decode(toks, np.arange(len(toks)), capture=True)
+    out = [(lg, t.captured_lsa_in())]
+    n, tok = len(toks), int(np.argmax(lg[-1]))
+    for i in range(steps):
+        k = 1 + (i * (slot + 1)) % 5
+        rows = [tok] + [(tok + j) % 1000 for j in range(1, k)]
+        lg = t.decode(rows, np.arange(n, n + k), capture=True)
+        out.append((lg, t.captured_lsa_in()))
+        t.rollback(n + 1)
+        n, tok = n + 1, int(np.argmax(lg[0]))
+    return out
+
+
+def test_batched_slots_get_their_solo_rows_bit_for_bit(targets):
+    ref, engine = targets
+    ids = [ref.tokenize(x) for x in TEXTS]
+    solo = [_run(ref, x, s) for s, x in enumerate(ids)]
+    got: list = [None] * 3
+    errors: list = []
+
+    def slot(i):
+        engine.enter(i)
+        try:
+            got[i] = _run(engine.slot(i), ids[i], i)
+        except BaseException as e:     # reported below
+            errors.append(e)
+        finally:
+            engine.leave(i)
+
+    batches0, calls0 = engine.batches, engine.calls
+    threads = [threading.Thread(target=slot, args=(i,)) for i in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    # the three slots really shared decodes (17 steps each; the prefills do not fit one call)
+    assert engine.batches - batches0 <= 17 + 2
+    assert engine.calls - calls0 < 3 * 17
+    for i in range(3):
+        for step, ((l0, c0), (l1, c1)) in enumerate(zip(solo[i], got[i])):
+            assert np.array_equal(l0, l1), f"slot {i} step {step}: logits differ from the solo decode"
+            assert np.array_equal(c0, c1), f"slot {i} step {step}: captured K/V differ from the solo decode"
+
+
+def test_slot_keeps_to_its_sequence(targets):
+    ref, engine = targets
+    s0, s1 = engine.slot(0), engine.slot(1)
+    s0.clear()
+    s1.clear()
+    s1.decode(ref.tokenize("hello there"), capture=False)
+    n1 = s1.n_past
+    s0.decode(ref.tokenize("a b c d e f"), capture=False)
+    s0.rollback(2)
+    assert s0.n_past == 2 and s1.n_past == n1          # the other slot's cells are untouched
+    s0.clear()
+    assert s0.n_past == 0 and s1.n_past == n1
+    with pytest.raises(InvalidArgumentError, match="one sequence"):
+        s0.decode([1, 2], [0, 1], seq_ids=[[0, 1], [1]])
+    with pytest.raises(InvalidArgumentError, match="no-cont-batching"):
+        s0.seq_cp(0, 1)
+    assert s0.n_ctx == 1024 and s0.n_vocab == ref.n_vocab
