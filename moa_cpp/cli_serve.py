@@ -96,7 +96,9 @@ def run_serve(args: argparse.Namespace) -> int:
             await super().startup(sockets=sockets)
             if not self.should_exit:
                 print(f"moa-cpp serve: listening on http://{url_host}:{port}", flush=True)
-                print(f"[{srv.model}: {len(sessions)} session(s) x {settings.session_threads()} thread(s), "
+                shape = (f"{len(sessions)} slots batched on {settings.session_threads()} thread(s)" if settings.batching()
+                         else f"{len(sessions)} session(s) x {settings.session_threads()} thread(s)")
+                print(f"[{srv.model}: {shape}, "
                       f"n_ctx {srv.n_ctx}, draft {gen0.draft} ({gen0.spec_type}), auth {'on' if settings.api_keys else 'off'}]",
                       file=sys.stderr, flush=True)
 
@@ -122,6 +124,9 @@ def run_serve(args: argparse.Namespace) -> int:
         srv.executor.shutdown(wait=True, cancel_futures=True)
         for s in sessions:
             s.gen.close()
+        engine = getattr(sessions[0].gen.target, "engine", None)
+        if engine is not None:
+            engine.close()                    # the slots' shared context
     return 0
 
 

@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .errors import InvalidArgumentError, MoaError
+from .errors import CacheFullError, InvalidArgumentError, MoaError
 from .target_context import LONE_ROW_CELLS, TargetContext
 from .ubatch_order import split_equal_order
 
@@ -143,9 +143,16 @@ class BatchEngine:
             try:
                 with self._ctx_lock:
                     self._run_call(call)
-            except BaseException as e:          # every request of the call gets the error
-                for r in call:
-                    r.error = e
+            except BaseException as e:
+                if len(call) == 1:
+                    call[0].error = e
+                else:                           # one slot's fault must not fail the others: each alone
+                    for r in call:
+                        try:
+                            with self._ctx_lock:
+                                self._run_call([r])
+                        except BaseException as e1:
+                            r.error = e1
             for r in call:
                 r.done = True
 
@@ -235,6 +242,9 @@ class SlotTarget:
             raise InvalidArgumentError(f"decode: {len(pos)} positions for {n} tokens")
         if toks.min() < 0 or toks.max() >= self.n_vocab:
             raise InvalidArgumentError(f"decode: token ids must be in [0, {self.n_vocab})")
+        if int(pos.max()) >= self.n_ctx:      # the slot's stream is full: only this slot hears of it
+            raise CacheFullError(f"no KV cache slot for {n} tokens at position {int(pos.max())} "
+                                 f"(n_ctx {self.n_ctx} per slot)")
         if seq_ids is not None and any(np.ravel(s).tolist() != [0] for s in seq_ids):
             raise InvalidArgumentError("decode: a batched slot holds one sequence (trees need --no-cont-batching)")
         if capture and not self._engine.target._has_callback:

@@ -9,7 +9,10 @@ llama.cpp's names where it has the quantity (so existing llama-server dashboards
 ``llamacpp:requests_deferred``. Speculation under vLLM's names (``spec_decode_num_drafts``,
 ``..._num_draft_tokens``, ``..._num_accepted_tokens``) with the ``moa:`` prefix and a
 ``proposer`` label (moa, ngram, draft), plus ``moa:spec_decode_tau`` (tokens per target call
-over the server's lifetime) and ``moa:requests_total`` by route and finish reason.
+over the server's lifetime) and ``moa:requests_total`` by route and finish reason. With
+continuous batching: ``moa:batch_calls`` (llama_decode calls of the shared context),
+``moa:batch_sets`` (cycles that decoded every generating slot's rows together) and
+``moa:batch_rows`` (rows decoded), so a dashboard sees how many users share a pass.
 """
 from __future__ import annotations
 
@@ -54,6 +57,11 @@ class ServerMetrics:
                          registry=r)
         self.requests = Counter("moa:requests", "Finished generations by route and finish reason.",
                                 ["route", "finish_reason"], registry=r)
+        self.batch_calls = Gauge("moa:batch_calls", "llama_decode calls of the batched slots' shared context.",
+                                 registry=r)
+        self.batch_sets = Gauge("moa:batch_sets", "Cycles that decoded the generating slots' rows together.",
+                                registry=r)
+        self.batch_rows = Gauge("moa:batch_rows", "Rows decoded by the batched slots' shared context.", registry=r)
         self._calls = self._tokens = 0
         self._sums = [0, 0.0, 0, 0.0]      # prompt tokens, prompt s, predicted tokens, predicted s
 
@@ -89,6 +97,11 @@ class ServerMetrics:
         pool = self.srv.pool
         self.processing.set(pool.busy)
         self.deferred.set(pool.waiting)
+        engine = getattr(pool.sessions[0].gen.target, "engine", None) if pool.sessions else None
+        if engine is not None:
+            self.batch_calls.set(engine.calls)
+            self.batch_sets.set(engine.batches)
+            self.batch_rows.set(engine.rows)
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
     def routes(self) -> list:
