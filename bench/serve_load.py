@@ -11,7 +11,9 @@ Servers (all started once, loaded and idle; only one is sent requests at a time)
   ``logits_all`` true). Requests carry ``repeat_penalty: 1.0`` (its default 1.1 is not greedy);
 - ``moa-np1``: ``moa-cpp serve --n-ctx C`` (1 session, all cores, default draft ``auto:8``);
 - ``moa-np2``: ``moa-cpp serve --parallel 2`` (2 sessions, cores / 2 threads each);
-- ``moa-np1-none``: ``moa-cpp serve --draft none`` (our loop without a drafter).
+- ``moa-np1-none``: ``moa-cpp serve --draft none`` (our loop without a drafter);
+- ``moa-np<N>[-nocb][-none]``: ``--parallel N``, continuously batched (one context, one decode per
+  cycle for all slots) unless ``-nocb`` (a context per session), ``-none``: ``--draft none``.
 
 Clients: N threads posting non-streaming ``/v1/chat/completions`` (one user message: the first
 turn of the eval sets' prompts, ``--prompts`` per set, in turn), ``temperature 0``,
@@ -34,6 +36,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -54,6 +57,22 @@ SETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"]
 LLAMA = "llama"
 PLAIN = "moa-np1-none"
 MOA = {"moa-np1": [], "moa-np2": ["--parallel", "2"], "moa-np1-none": ["--draft", "none"]}
+
+
+def moa_flags(name: str) -> list:
+    """Flags of a ``moa-np<N>[-nocb][-none]`` server: N sessions (continuously batched unless
+    ``-nocb``: a context each), ``-none``: no drafting."""
+    if name in MOA:
+        return MOA[name]
+    m = re.fullmatch(r"moa-np(\d+)((?:-nocb|-none)*)", name)
+    if not m:
+        raise SystemExit(f"unknown server {name!r}: llama, moa-np1, moa-np2, moa-np1-none or moa-np<N>[-nocb][-none]")
+    flags = ["--parallel", m.group(1)]
+    if "-nocb" in m.group(2):
+        flags.append("--no-cont-batching")
+    if "-none" in m.group(2):
+        flags += ["--draft", "none"]
+    return flags
 
 
 class Proc:
@@ -133,7 +152,7 @@ def start_servers(out: dict, names: list, model: str, drafter, args) -> None:
                    "--n_threads_batch", str(threads), "--verbose", "false", *shlex.split(args.llama_args)]
         else:
             cmd = [sys.executable, "-m", "moa_cpp.cli", "serve", "--port", str(port), "-m", model, "--n-ctx",
-                   str(args.n_ctx), *(["-d", drafter] if drafter else []), *MOA[n]]
+                   str(args.n_ctx), *(["-d", drafter] if drafter else []), *moa_flags(n)]
         t0 = time.perf_counter()
         out[n] = Proc(n, cmd, port)
         print(f"{n}: up in {time.perf_counter() - t0:.1f} s on port {out[n].port}: {shlex.join(cmd)}", flush=True)
@@ -222,7 +241,9 @@ def plot(plt, rows: list, servers: list):
 
 def main(argv=None) -> int:
     ap = base_parser(__doc__)
-    ap.add_argument("--servers", nargs="+", default=[LLAMA, *MOA], choices=[LLAMA, *MOA])
+    ap.add_argument("--servers", nargs="+", default=[LLAMA, *MOA],
+                    help="llama, moa-np1, moa-np2, moa-np1-none, or moa-np<N>[-nocb][-none] (N sessions, batched "
+                         "unless -nocb, -none: no drafting)")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4])
     ap.add_argument("--requests", type=int, default=12, help="requests per server, level and round (default 12)")
     ap.add_argument("--rounds", type=int, default=3)
