@@ -120,6 +120,18 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def server_nocb(tmp_path_factory):
+    """Sessions with contexts of their own: a client's tree is verified whole (a batched slot
+    verifies its main path, which is lossless but another cycle)."""
+    from server_proc import ServerProc
+    keys = tmp_path_factory.mktemp("k") / "keys"
+    keys.write_text(f"{KEY}\n")
+    srv = ServerProc("--parallel", "2", "--no-cont-batching", "--draft", "chain:4", "--api-key-file", str(keys))
+    yield srv
+    assert srv.terminate() == 0
+
+
+@pytest.fixture(scope="module")
 def plain():
     from moa_cpp import SpeculativeGenerator, defaults
     gen = SpeculativeGenerator.from_paths(defaults.default_target(), None, draft="none", n_threads=1)
@@ -154,10 +166,12 @@ def test_remote_greedy_equals_plain(server, plain, draft, ca_dtype):
 
 @pytest.mark.model
 @pytest.mark.parametrize("draft", ["chain:4", "tree:6,8,62"])
-def test_remote_f32_cycles_equal_the_local_run(server, draft):
+def test_remote_f32_cycles_equal_the_local_run(request, draft):
     """A1: with f32 CA the client's drafter sees exactly what a single-device drafter sees, so
-    every cycle is the same: same proposals (drafted), same verdicts (accepted), same calls."""
+    every cycle is the same: same proposals (drafted), same verdicts (accepted), same calls.
+    Chains on the batched server, trees on one whose sessions verify them whole."""
     from moa_cpp import SpeculativeGenerator, defaults
+    server = request.getfixturevalue("server" if draft.startswith("chain") else "server_nocb")
     local = SpeculativeGenerator.from_paths(defaults.default_target(), defaults.default_drafter(), draft=draft,
                                             n_threads=1)
     g = _remote(server, draft=draft, ca_dtype="f32")
