@@ -7,7 +7,9 @@ its one Llama's cache).
 Servers (one process each, 127.0.0.1, all threads; only one is sent a request at a time):
 ``moa`` (``moa-cpp serve``, default draft), ``moa-nocache`` (the same command; its requests carry
 ``cache_prompt: false``), ``llama`` (``python -m llama_cpp.server --flash_attn true``; requests
-carry ``repeat_penalty: 1.0``: its default 1.1 is not greedy); with ``--baseline DIR`` also
+carry ``repeat_penalty: 1.0``: its default 1.1 is not greedy); with ``--llama-server BIN`` also
+``llama-server`` (llama.cpp's own server, ``-np 1 -fa on``, all threads, its prompt cache on:
+``bash bench/peers/build.sh`` builds it; ``auto`` runs that script); with ``--baseline DIR`` also
 ``moa-landed``: the same ``moa-cpp serve`` command run from another checkout of moa_cpp (e.g. the
 commit before issue 41's exact reuse: ``git worktree add /tmp/landed 24edf8b``), with this venv's
 native library.
@@ -25,6 +27,7 @@ computes bit for bit alike (moa_cpp/speculative/prefix_cache.py), so every answe
     python bench/prompt_cache.py                       # 4 chats x 6 turns, SmolLM2 + its drafter
     python bench/prompt_cache.py -m Qwen.gguf --chats 2
     python bench/prompt_cache.py --baseline /tmp/landed        # + the landed code's inexact reuse
+    python bench/prompt_cache.py --llama-server auto --servers moa moa-nocache llama-server
 
 Writes bench/results/<machine-label>/<--name>.json/.md/.png.
 """
@@ -47,6 +50,7 @@ SETS = ["mt_bench", "alpaca", "qa", "gsm8k", "humaneval"]      # "sum": too long
 
 
 LANDED = "moa-landed"
+LLAMA_SERVER = "llama-server"
 # a server from another checkout: its moa_cpp before this venv's editable install (the editable
 # finder goes first on sys.meta_path, so PYTHONPATH alone would not do)
 _SHIM = ("import sys\n"
@@ -57,7 +61,10 @@ _SHIM = ("import sys\n"
 def start(name: str, model: str, drafter, args) -> Proc:
     port = free_port()
     threads = args.threads or usable_cores()
-    if name == LLAMA:
+    if name == LLAMA_SERVER:
+        cmd = [args.llama_server, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-c", str(args.n_ctx),
+               "-t", str(threads), "-fa", "on", "-np", "1"]
+    elif name == LLAMA:
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--host", "127.0.0.1", "--port", str(port),
                "--n_ctx", str(args.n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads),
                "--verbose", "false", "--flash_attn", "true"]
@@ -156,8 +163,21 @@ def main(argv=None) -> int:
     ap.add_argument("--results-dir", default=None)
     ap.add_argument("--baseline", default=None, metavar="DIR",
                     help="another checkout of moa_cpp: its server joins the run as moa-landed")
+    ap.add_argument("--llama-server", default=None, metavar="BIN",
+                    help="llama.cpp's llama-server binary (auto: bash bench/peers/build.sh): joins the run")
+    ap.add_argument("--servers", nargs="+", default=None, choices=SERVERS + [LLAMA_SERVER, LANDED],
+                    help="a subset (default: moa moa-nocache llama, + llama-server / moa-landed when given)")
     args = ap.parse_args(argv)
-    servers = SERVERS + ([LANDED] if args.baseline else [])
+    if args.llama_server == "auto":
+        import subprocess
+        out = subprocess.run(["bash", str(Path(__file__).resolve().parent / "peers" / "build.sh")],
+                             stdout=subprocess.PIPE, text=True, check=True).stdout
+        args.llama_server = str(Path(out.strip().splitlines()[-1]) / "llama-server")
+    servers = args.servers or (SERVERS + ([LLAMA_SERVER] if args.llama_server else []) + ([LANDED] if args.baseline else []))
+    if LLAMA_SERVER in servers and not args.llama_server:
+        ap.error("--servers llama-server needs --llama-server BIN")
+    if LANDED in servers and not args.baseline:
+        ap.error("--servers moa-landed needs --baseline DIR")
 
     from moa_cpp import defaults, models
     model = args.model or str(models.smollm2_path())
@@ -188,12 +208,16 @@ def main(argv=None) -> int:
         for p in procs.values():
             p.stop()
     rows = summarize(recs, args.turns, servers)
-    equal = {s: compare(recs, s, args) for s in servers if s in ("moa", LANDED)}
-    same, diverged = equal["moa"]
+    # answers equal to moa-nocache's (llama-server's: reported, another engine's numerics)
+    equal = {s: compare(recs, s, args) for s in servers if s in ("moa", LANDED, LLAMA_SERVER)} \
+        if "moa-nocache" in servers else {}
+    same, diverged = equal.get("moa", (None, None))
     table = md_table(["turn", "prompt tokens (mean)"] + [f"TTFT ms {s} (median)" for s in servers], rows)
     tot = {s: statistics.mean(r["ttft"] for r in recs if r["server"] == s) for s in servers}
     summary = (f"\nMean TTFT over all turns: " + ", ".join(f"{s} {1000 * v:.0f} ms" for s, v in tot.items()) +
                "".join(f" ({s} / {LANDED}: {tot[s] / tot[LANDED]:.2f}x)" for s in ["moa"] if LANDED in tot) +
+               "".join(f" (moa / {LLAMA_SERVER}: {tot['moa'] / tot[LLAMA_SERVER]:.2f}x)" for _ in [0]
+                       if "moa" in tot and LLAMA_SERVER in tot) +
                ".\nAnswers with reuse equal to those without (compared while the histories are equal): " +
                "; ".join(f"{s} {a} equal, {b} chats parted" for s, (a, b) in equal.items()) + ".\n")
     print(table + summary)
