@@ -27,7 +27,9 @@ something. Rows (``--rows``, default all that the installed models allow):
   plain (``--spec-type none`` / ``--draft none``) and speculative (theirs ``--spec-type
   --server-spec``, default ngram-simple; ours the default: the shipped MoA drafter, ``auto:8``).
   Client-side completion tok/s; how many answers equal the same command's at 1 client, and ours
-  equal to llama-server's.
+  equal to llama-server's. ``moa-cpp serve`` runs its default (continuous batching, ``-cb``);
+  ``--server-nocb`` adds ``-nocb`` servers (a context per session). ``-m qwen-1.5b-f16 --rows
+  server`` for the memory-bound F16 target (ours then drafts n-grams: no MoA drafter for it).
 - ``ttft`` (SmolLM2 Q4_1 + drafter): bench/prompt_cache.py (multi-turn chats, streaming) with
   ``--llama-server``: ``moa-cpp serve`` vs ``llama-server -np 1`` (prompt caching on in both).
 - ``conformance``: the openai-client cases of our server tests (tests/test_server_extras.py
@@ -35,7 +37,7 @@ something. Rows (``--rows``, default all that the installed models allow):
   and ``llama-server`` on the same GGUF: per case what each returns, whether each meets the
   test's checks (other than equality with our Python API), and whether the two agree. No asserts.
 
-    python bench/peers_compare.py                          # every row (~30-35 min on 2 quiet cores, estimate)
+    python bench/peers_compare.py                          # every row (~20-25 min on 2 quiet cores, estimate)
     python bench/peers_compare.py --rows plain ngram       # some rows
     python bench/peers_compare.py --quick --results-dir /tmp/smoke     # smoke: a prompt or two, few tokens
 
@@ -512,6 +514,9 @@ def row_server(args, peers: Path) -> dict:
         "moa serve": lambda N, p: moa_exe() + ["serve", "--port", str(p), "-m", model, "--n-ctx", str(C),
                                                "--parallel", str(N), *(["-d", drafter] if drafter else [])],
     }
+    if args.server_nocb:                   # + a context per session (no continuous batching), for reference
+        configs["moa serve -nocb --draft none"] = lambda N, p: configs["moa serve --draft none"](N, p) + ["-nocb"]
+        configs["moa serve -nocb"] = lambda N, p: configs["moa serve"](N, p) + ["-nocb"]
     names = list(configs)
     blocks: dict = {c: {} for c in names}
     commands: dict = {c: {} for c in names}
@@ -555,13 +560,15 @@ def row_server(args, peers: Path) -> dict:
         for c in names:
             s = load_summary(blocks[c][N])
             e1 = equal(c, N, c, N1)
-            theirs = "llama-server" if c == "moa serve --draft none" else f"llama-server {spec}" if c == "moa serve" else None
+            theirs = ("llama-server" if c.endswith("--draft none") else f"llama-server {spec}" if c.startswith("moa")
+                      else None)
             eth = equal(c, N, theirs, N) if theirs else None
             summ[f"{c} @ {N}"] = {**s, "equal_at_1": e1, "equal_theirs": eth}
             rows.append([N, c, fmt(s["tok_per_s"]), " ".join(f"{x:.0f}" for x in s["tok_per_s_rounds"]),
                          f"{s['latency_median']:.2f}", s["errors"], f"{e1[0]}/{e1[1]}",
                          f"{eth[0]}/{eth[1]}" if eth else ""])
-        for ours_c, th in (("moa serve --draft none", "llama-server"), ("moa serve", f"llama-server {spec}")):
+        for ours_c, th in [(c, "llama-server" if c.endswith("--draft none") else f"llama-server {spec}")
+                           for c in names if c.startswith("moa")]:
             o, t = summ[f"{ours_c} @ {N}"], summ[f"{th} @ {N}"]
             cmp.append(("server", f"{N} clients, completion tok/s", ours_c + f" --parallel {N}", th + f" -np {N}",
                         o["tok_per_s"], t["tok_per_s"], f"{o['equal_theirs'][0]}/{o['equal_theirs'][1]}"))
@@ -855,6 +862,8 @@ def main(argv=None) -> int:
     ap.add_argument("--server-prompts", type=int, default=4, help="chat prompts per set per block (server row)")
     ap.add_argument("--rounds", type=int, default=2, help="server row: rounds per level")
     ap.add_argument("--server-spec", default="ngram-simple", help="llama-server's --spec-type in the server row")
+    ap.add_argument("--server-nocb", action="store_true", help="server row: also moa-cpp serve -nocb (a context "
+                    "per session instead of continuous batching)")
     ap.add_argument("--chats", type=int, default=4, help="ttft row: chats")
     ap.add_argument("--turns", type=int, default=6, help="ttft row: turns per chat")
     ap.add_argument("--ttft-tokens", type=int, default=64)
