@@ -117,6 +117,20 @@ def sse_events(resp: http.client.HTTPResponse) -> list:
     return out
 
 
+def streamed_chat_text(srv: "ServerProc", body: dict, timeout: float = 300.0) -> str:
+    """The text of a streamed ``/v1/chat/completions`` answer (the deltas' contents joined)."""
+    c = srv.conn(timeout)
+    try:
+        c.request("POST", "/v1/chat/completions", json.dumps({**body, "stream": True}),
+                  {"Content-Type": "application/json"})
+        resp = c.getresponse()
+        assert resp.status == 200
+        return "".join(ch["delta"].get("content") or "" for ev in sse_events(resp) if ev != "[DONE]"
+                       for ch in ev["choices"])
+    finally:
+        c.close()
+
+
 def wait_until(pred, timeout: float = 30.0, every: float = 0.05) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from server_proc import ServerProc, wait_until
+from server_proc import ServerProc, streamed_chat_text, wait_until
 
 N = 40
 PROMPTS = ["What is a good name for a grey cat?", "Give me three tips for sleeping better.",
@@ -42,17 +42,7 @@ def _chat(srv, body: dict) -> str:
 
 
 def _stream(srv, body: dict) -> str:
-    c = srv.conn(300)
-    c.request("POST", "/v1/chat/completions", json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
-    resp = c.getresponse()
-    assert resp.status == 200
-    text = ""
-    for line in resp.read().decode().splitlines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            for ch in json.loads(line[6:])["choices"]:
-                text += ch["delta"].get("content") or ""
-    c.close()
-    return text
+    return streamed_chat_text(srv, body)
 
 
 def _metric(srv, name: str) -> float:

@@ -85,18 +85,8 @@ def _chat(srv, msgs, *, stream=False, draft=None, max_tokens=N, **extra) -> str:
         st, _, r = srv.post("/v1/chat/completions", body)
         assert st == 200, r
         return r["choices"][0]["message"]["content"]
-    body["stream"] = True
-    c = srv.conn()
-    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = c.getresponse()
-    assert resp.status == 200
-    text = ""
-    for line in resp.read().decode().splitlines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            for ch in json.loads(line[6:])["choices"]:
-                text += ch["delta"].get("content") or ""
-    c.close()
-    return text
+    from server_proc import streamed_chat_text
+    return streamed_chat_text(srv, body)
 
 
 def test_server_answers_do_not_depend_on_earlier_requests(server, fresh):
