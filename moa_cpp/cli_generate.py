@@ -188,7 +188,8 @@ def prefill_shape(gen) -> None:
     if prefix.measures_first():
         print("[measuring this target's exact batch size once (cached for later runs)...]", file=sys.stderr,
               flush=True)
-    prefix.shape()
+    from .omp_pool import run_in_passing_thread
+    run_in_passing_thread(prefix.shape)     # its OpenMP pool ends with it (moa_cpp/omp_pool.py)
 
 
 def sampling_kwargs(args: argparse.Namespace, grammar: Optional[str]) -> dict:

@@ -382,8 +382,10 @@ class SpeculativeGenerator:
         """Measure what the cost-aware default needs (T(k), the exact batch size) once per model,
         build and thread count; cached on disk. Seconds on a small model: call it when no user
         waits (the CLI does after printing its output; a server at start)."""
+        from .omp_pool import run_in_passing_thread
         self.loop.policy_for(self.draft)
-        self.loop.calibrate()
+        # on a thread that ends with it: its OpenMP pool must not outlive it (moa_cpp/omp_pool.py)
+        run_in_passing_thread(self.loop.calibrate)
 
     def close(self) -> None:
         self.target.close()
