@@ -5,7 +5,10 @@ Two measurements are made once per model file and settings and then reused by ev
 - ``verify_cost``: T(k), seconds of one verification decode of k rows
   (:mod:`moa_cpp.speculative.policy`, the cost-aware policy's input);
 - ``exact_rows``: the largest decode batch whose rows equal single-token decodes bit for bit
-  (:mod:`moa_cpp.exactness`, the lossless greedy bound).
+  (:mod:`moa_cpp.exactness`, the lossless greedy bound);
+- ``verify_cost_busy``: non-empty when the stored T(k) was measured while other processes kept
+  the cores busy (:func:`moa_cpp.speculative.verify_cost.calibrate_verify_cost`: such a table is
+  never stored over one measured on a quiet machine, and the next quiet measurement replaces it).
 
 Both depend on the same things (the model file, threads, flash attention, weight repacking,
 offload, the llama.cpp build and the CPU it picked kernels for, batch arithmetic settings,
@@ -31,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .target_context import TargetContext
 
 FILE_NAME = "calibration.json"
-TABLES = ("verify_cost", "exact_rows")
+TABLES = ("verify_cost", "exact_rows", "verify_cost_busy")
 
 
 def fingerprint(target: "TargetContext") -> str:

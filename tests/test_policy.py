@@ -251,10 +251,97 @@ def test_calibration_times_the_sizes_the_exactness_search_did_not(tmp_path, monk
         measured.append(tuple(ks))
         return {k: 1.0 + 0.5 * (k - 1) for k in ks}
     monkeypatch.setattr(verify_cost, "measure_verify_cost", measure)
+    monkeypatch.setattr(verify_cost, "OthersCPU", _load(0.0))          # a quiet machine
     t = type("T", (), {"_max_exact_rows": None})()
     cost = pol.calibrate_verify_cost(t, 8)
     assert measured == [tuple(range(3, 10))] and sorted(cost) == list(range(1, 10))
     assert pol.cached_verify_cost(t, range(1, 10)) == cost
+
+
+def _load(*cores):
+    """A stand-in for machine_load.OthersCPU: the cores other processes keep busy during each
+    measurement, in turn (the last one repeats)."""
+    seq = list(cores)
+
+    class Load:
+        def __enter__(self):
+            self.cores, self.seconds = (seq.pop(0) if len(seq) > 1 else seq[0]), 0.5
+            return self
+
+        def __exit__(self, *exc):
+            return None
+    return Load
+
+
+def test_calibration_on_a_busy_machine_keeps_the_quiet_table(tmp_path, monkeypatch):
+    """T(k) timed while other processes keep the cores busy is worthless (on the 2-core CPU next
+    to a test run, T(2) measured the same as T(1), and a server then drafted at 0.7x plain speed
+    for its whole life: issue 42). Calibration repeats such a measurement, then keeps the table
+    measured on a quiet machine; with none, it uses and stores the busy one, marked, and the next
+    quiet measurement replaces it."""
+    monkeypatch.setenv("MOA_CPP_CACHE", str(tmp_path))
+    from moa_cpp import calibration_cache
+    monkeypatch.setattr(calibration_cache, "fingerprint", lambda target: "k")
+    monkeypatch.setattr(verify_cost, "RETRY_PAUSE_S", 0.0)
+    tables = iter([{1: 0.010, 2: 0.018, 3: 0.024}, {1: 0.2, 2: 0.2, 3: 0.3}, {1: 0.3, 2: 0.3, 3: 0.3},
+                   {1: 0.2, 2: 0.2, 3: 0.2}, {1: 0.1, 2: 0.1, 3: 0.1}, {1: 0.011, 2: 0.019, 3: 0.025}])
+    calls = []
+
+    def measure(target, need):
+        calls.append(need)
+        return next(tables)
+    monkeypatch.setattr(verify_cost, "_measure_for_calibration", measure)
+    t = object()
+    monkeypatch.setattr(verify_cost, "OthersCPU", _load(0.05))
+    quiet = pol.calibrate_verify_cost(t, 2)
+    assert quiet == {1: 0.010, 2: 0.018, 3: 0.024} and calls == [3]
+    # busy for every attempt: the quiet table stays, in the cache too
+    monkeypatch.setattr(verify_cost, "OthersCPU", _load(1.0))
+    assert pol.calibrate_verify_cost(t, 2) == quiet and len(calls) == 1 + verify_cost.CALIBRATION_ATTEMPTS
+    assert pol.cached_verify_cost(t, range(1, 4)) == quiet
+    # busy, then quiet on the second attempt: the quiet one is taken and stored
+    monkeypatch.setattr(verify_cost, "OthersCPU", _load(1.0, 0.1))
+    assert pol.calibrate_verify_cost(t, 2) == {1: 0.011, 2: 0.019, 3: 0.025}
+    assert pol.cached_verify_cost(t, range(1, 4)) == {1: 0.011, 2: 0.019, 3: 0.025}
+
+
+def test_calibration_on_a_busy_machine_without_a_quiet_table(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOA_CPP_CACHE", str(tmp_path))
+    from moa_cpp import calibration_cache
+    monkeypatch.setattr(calibration_cache, "fingerprint", lambda target: "k")
+    monkeypatch.setattr(verify_cost, "RETRY_PAUSE_S", 0.0)
+    tables = iter([{1: 0.2, 2: 0.2}, {1: 0.3, 2: 0.3}, {1: 0.25, 2: 0.25},
+                   {1: 0.5, 2: 0.5}, {1: 0.4, 2: 0.4}, {1: 0.24, 2: 0.26}, {1: 0.01, 2: 0.018}])
+    monkeypatch.setattr(verify_cost, "_measure_for_calibration", lambda target, need: next(tables))
+    monkeypatch.setattr(verify_cost, "OthersCPU", _load(0.9))
+    t = object()
+    busy = pol.calibrate_verify_cost(t, 1)
+    assert busy == {1: 0.25, 2: 0.25}                     # the last attempt: nothing better to use
+    assert pol.cached_verify_cost(t, (1, 2)) == busy and calibration_cache.lookup("verify_cost_busy", t)
+    # a busy table is no fallback: the next busy calibration uses its own measurement
+    assert pol.calibrate_verify_cost(t, 1) == {1: 0.24, 2: 0.26}
+    monkeypatch.setattr(verify_cost, "OthersCPU", _load(0.0))
+    assert pol.calibrate_verify_cost(t, 1) == {1: 0.01, 2: 0.018}
+    assert not calibration_cache.lookup("verify_cost_busy", t)
+
+
+def test_others_cpu_sees_another_process():
+    """machine_load.OthersCPU counts the CPU of other processes, not this one's."""
+    import subprocess
+    import sys
+    import time
+    from moa_cpp.machine_load import OthersCPU
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc/stat")
+    with OthersCPU() as own:
+        end = time.perf_counter() + 0.5
+        while time.perf_counter() < end:       # this process busy: not counted
+            pass
+    spin = "import time\nend = time.perf_counter() + 1.0\nwhile time.perf_counter() < end: pass"
+    with OthersCPU() as other:
+        subprocess.run([sys.executable, "-c", spin], check=True)
+    assert other.cores is not None and own.cores is not None
+    assert other.cores > 0.4            # the child spun most of the window (a loaded machine takes a share)
 
 
 def test_auto_ngram_drafts_only_matches_that_pay(fx):
