@@ -137,6 +137,9 @@ class Proposal:
     # Which sources proposed each node (int64 [n], bit s = source s of a hybrid proposer); None: one
     # source, the proposer itself
     sources: Optional[np.ndarray] = None
+    # Seconds of this proposal's making that caught the proposer up on the prompt (a draft model
+    # decoding it at a generation's first proposal): prefill work, not a cost per drafted row
+    warmup_s: float = 0.0
 
     @property
     def n(self) -> int:
@@ -162,7 +165,7 @@ class Proposal:
         return Proposal(self.tokens[cut], self.parents[cut], self.depths[cut],
                         None if self.scores is None else self.scores[cut],
                         None if self.q is None else self.q[cut], self.draft_rows,
-                        None if self.sources is None else self.sources[cut])
+                        None if self.sources is None else self.sources[cut], self.warmup_s)
 
     def along(self, nodes: Sequence[int]) -> "Proposal":
         """The nodes of one root-to-leaf path (``nodes``, root side first) as a chain."""
@@ -171,7 +174,7 @@ class Proposal:
         return Proposal(self.tokens[idx], np.arange(-1, k - 1, dtype=np.int32), np.arange(1, k + 1, dtype=np.int32),
                         None if self.scores is None else self.scores[idx],
                         None if self.q is None else [self.q[i] for i in idx.tolist()], self.draft_rows,
-                        None if self.sources is None else self.sources[idx])
+                        None if self.sources is None else self.sources[idx], self.warmup_s)
 
     def source_of(self, node: int, names: Sequence[str]) -> str:
         """Who proposed ``node``: its source's name (``names``: the proposer's sources in bit
@@ -272,6 +275,9 @@ class SpecStats:
     t_target: float = 0.0         # s, verification llama_decode calls (capture included)
     t_capture: float = 0.0        # s, reading captured K/V rows (moa_capture_get)
     t_drafter: float = 0.0        # s, drafter commit + draft calls
+    # s, of t_drafter: proposers catching up on the prompt (a draft model's prefill at its first
+    # proposal); not a cost per drafted row, so the cost-aware policy leaves it out
+    t_drafter_warmup: float = 0.0
     t_total: float = 0.0          # s, whole generation after prefill
     finish_reason: str = ""       # "stop" (EOG / stop string) or "length"
     eog_token: int = -1           # the end-of-generation token that stopped it (-1: none)

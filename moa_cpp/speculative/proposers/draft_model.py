@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import time
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -90,6 +91,7 @@ class DraftModelProposer:
         self._hist: list[int] = []     # verified tokens (positions 0..) the proposer knows of
         self._kv: list[int] = []       # tokens whose K/V the draft context holds, positions 0..
         self._synced = 0               # leading positions where _kv is known to equal _hist
+        self._fresh = True             # the next catch-up decodes a generation's prompt (warmup_s)
 
     @classmethod
     def from_path(cls, draft_path: Union[str, os.PathLike], config: DraftConfig = DraftConfig("chain", chain=4), *,
@@ -122,6 +124,7 @@ class DraftModelProposer:
         self.draft.clear()
         self._hist, self._kv, self._synced = [], [], 0
         self.draft_rows = self.catchup_rows = 0
+        self._fresh = True
 
     def rewind(self, n: int) -> int:
         """Keep the verified tokens < ``n`` (a reused prompt prefix); returns how many are kept.
@@ -130,6 +133,7 @@ class DraftModelProposer:
         del self._hist[m:]
         self._synced = min(self._synced, m)
         self.draft_rows = self.catchup_rows = 0
+        self._fresh = True
         return m
 
     def observe(self, lsa_in: np.ndarray, pos0: int) -> None:  # reads no target state
@@ -155,7 +159,11 @@ class DraftModelProposer:
         if pos + k > self.draft.n_ctx:
             raise MoaError(f"the draft model's context ({self.draft.n_ctx} positions) is too small for position "
                            f"{pos} + {k} drafts")
+        t0 = time.perf_counter()
         logits = self._catch_up(int(root), pos)
+        # the first catch-up of a generation decodes its prompt: prefill work, not a per-row cost
+        warmup = time.perf_counter() - t0 if self._fresh else 0.0
+        self._fresh = False
         self.draft_rows = 1
         tokens: list[int] = []
         qs: Optional[list] = None if sp.greedy else []
@@ -172,6 +180,7 @@ class DraftModelProposer:
         proposal = Proposal(np.array(tokens, np.int32), np.arange(-1, n - 1, dtype=np.int32),
                             np.arange(1, n + 1, dtype=np.int32), None, qs)
         proposal.draft_rows = self.draft_rows     # the loop's statistic (a Proposal field)
+        proposal.warmup_s = warmup
         return proposal
 
     # ------------------------------------------------------------------ internals

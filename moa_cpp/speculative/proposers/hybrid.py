@@ -68,7 +68,8 @@ def merge(proposals: Sequence[Proposal], order: Sequence[int], max_nodes: int) -
             sources[m] |= 1 << s
             node_of[i] = m
     return Proposal(np.array(tokens, np.int32), np.array(parents, np.int32), np.array(depths, np.int32),
-                    draft_rows=sum(p.draft_rows for p in proposals), sources=np.array(sources, np.int64))
+                    draft_rows=sum(p.draft_rows for p in proposals), sources=np.array(sources, np.int64),
+                    warmup_s=sum(p.warmup_s for p in proposals))
 
 
 def _own(rng):
