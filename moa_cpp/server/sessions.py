@@ -80,6 +80,7 @@ def build_sessions(s: ServerSettings) -> list:
             sessions.append(Session(i, SpeculativeGenerator(tgt, drafter, draft=draft, proposer=proposer,
                                                             spec_type=kinds, draft_min=s.draft_min,
                                                             ngram=ngram)))
+            sessions[-1].gen.loop.prefix.ram_bytes = s.cache_ram_bytes()
     except BaseException:
         for ss in sessions:
             ss.gen.close()

@@ -38,6 +38,7 @@ class ServerSettings:
     max_tokens_limit: Optional[int] = None  # None: the context size
     max_tree_nodes: int = 62
     metrics: bool = False                   # GET /metrics (llama-server's --metrics)
+    cache_ram_mib: int = 8192               # copies of earlier prompts' KV cells in RAM, all sessions (-1: no limit)
     target_options: dict = field(default_factory=dict)   # Target.from_path keywords (cli_llama.target_options)
     cors_origins: tuple = ()                # origins a browser page may call from ("*": any)
     max_resync_tokens: int = 512            # a resync verify's chain, consumed in max_tree_nodes pieces
@@ -58,6 +59,12 @@ class ServerSettings:
         if self.max_sessions_per_key is not None:
             return self.max_sessions_per_key
         return max(1, self.parallel // 2) if self.api_keys else 0
+
+    def cache_ram_bytes(self) -> int:
+        """Each session's share of --cache-ram, in bytes (no limit: 2**62)."""
+        if self.cache_ram_mib < 0:
+            return 1 << 62
+        return (self.cache_ram_mib << 20) // self.parallel
 
     def batching(self) -> bool:
         """Whether the sessions are slots of one batched context (llama-server's continuous batching)."""
@@ -103,6 +110,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                          "(default; llama-server's continuous batching). Trees are verified along their main path")
     cb.add_argument("-nocb", "--no-cont-batching", dest="cont_batching", action="store_false",
                     help="a context of its own per session (each decodes alone; trees verified whole)")
+    p.add_argument("-cram", "--cache-ram", dest="cache_ram", type=int, default=8192, metavar="MiB",
+                   help="RAM for copies of earlier prompts' KV cells, shared by the sessions (llama-server's flag; "
+                        "default 8192, 0: off, -1: no limit): a prompt seen before, after others replaced it in the "
+                        "KV cache, is restored instead of decoded again, bit for bit (sessions with a context "
+                        "of their own: --parallel 1 or -nocb)")
     p.add_argument("--queue", type=_non_negative, default=16,
                    help="requests that may wait for a session (FIFO); beyond: 503 + Retry-After (default 16)")
     p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=_positive, default=4096,
@@ -158,6 +170,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                     ("--idle-timeout", args.idle_timeout)):
         if not v > 0:
             raise InvalidArgumentError(f"{name} must be a positive number of seconds, got {v}")
+    if args.cache_ram < -1:
+        raise InvalidArgumentError(f"--cache-ram must be MiB >= 0, or -1 (no limit), got {args.cache_ram}")
     ngl = args.n_gpu_layers if args.n_gpu_layers is not None else (-1 if rpc else 0)
     from ..cli_llama import drafter_device, target_options
     return ServerSettings(target_options=target_options(args), model=args.model, drafter=args.drafter, host=args.host, port=args.port,
@@ -174,7 +188,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           max_sessions_per_key=args.max_sessions_per_key,
                           bundle=getattr(args, "bundle", None),
                           allowed_hosts=_names(args.allowed_hosts), cors_origins=_names(args.cors_origins),
-                          metrics=args.metrics)
+                          metrics=args.metrics, cache_ram_mib=args.cache_ram)
 
 
 def _names(csv: str) -> tuple:

@@ -27,24 +27,51 @@ answer at a near-tie. Two rules keep every reused cell equal to a fresh prefill'
 target's exact batch size when that is at least :data:`AUTO_MIN_ROWS` rows (capped at
 ``n_ubatch``), so that the common case is canonical, else ``n_ubatch``.
 
+Copies in RAM (canonical rule; llama-server's ``--cache-ram``): between generations
+(:meth:`PrefixCache.settle`, which the server and the chat run when an answer is out) the loop
+keeps a copy of the reusable cells (llama.cpp's sequence state) in RAM, up to ``ram_bytes``
+(least recently used dropped first). A later prompt that shares a longer prefix with a copy than
+with the KV cache gets that copy put back into the emptied cache and decodes only the rest: one
+user asking again, several conversations taking turns on one session. The copy holds the very
+bits computed earlier, in the same cells in the same order, so this reuse is as exact as keeping
+them (a capturing drafter's generation never restores: the drafter would lack those positions).
+
 Trust: the target's ``kv_version`` is bumped by every write to its KV cache, so a cache someone
 else wrote since (calibration, exactness checks, a remote session on the same context) is never
 reused. Sliding-window caches (n_swa > 0) may have evicted a prefix's cells: never reused.
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Iterator, Optional
 
+import llama_cpp
 import numpy as np
 
 from ..errors import MoaError
 from ..target import MAX_VERIFY_ROWS
-from ..target_context import LONE_ROW_CELLS
+from ..target_context import LONE_ROW_CELLS, TargetContext
 
 # The smallest exact batch worth prefilling in: below it the default chunk is n_ubatch (aligned
 # reuse), above it the prefill runs in exact chunks (canonical reuse). Prefill speed on the CPU
 # is flat from about this size on (bench/prompt_cache.py --ubatch).
 AUTO_MIN_ROWS = 16
+
+# Copies of earlier generations' KV cells kept in RAM (PrefixCache.save, llama-server's --cache-ram,
+# default 8192 MiB there): at most this many bytes per loop; a copy only for at least
+# RAM_MIN_TOKENS reusable tokens, restored only where it saves at least RAM_MIN_GAIN token decodes
+# over what the KV cache holds (a restore costs ~1 ms; a prompt token ~3 ms on SmolLM2, 2 cores).
+RAM_BYTES = 1 << 30
+RAM_MIN_TOKENS = 8
+RAM_MIN_GAIN = 4
+
+
+class _Copy:
+    """One saved sequence: the tokens a prompt may reuse from it and llama.cpp's state bytes."""
+    __slots__ = ("tokens", "data", "nbytes", "used")
+
+    def __init__(self, tokens: np.ndarray, data: Any, nbytes: int, used: int) -> None:
+        self.tokens, self.data, self.nbytes, self.used = tokens, data, nbytes, used
 
 
 class PrefixCache:
@@ -56,6 +83,9 @@ class PrefixCache:
         self._last: Optional[tuple] = None      # (target.kv_version, Generation) after the latest write
         self._exact_end = 0                     # aligned rule: cells < this are whole prefill chunks
         self._shape: Optional[tuple] = None     # (U, canonical), decided once per target
+        self.ram_bytes = RAM_BYTES              # copies of earlier generations' caches (save)
+        self._ram: list = []                    # _Copy, most recently used first
+        self._clock = 0
 
     # ------------------------------------------------------------------ the prefill's shape
 
@@ -129,7 +159,13 @@ class PrefixCache:
         the cells from the first one a one-token decode wrote past the first KV block to the end
         of what the caches hold, so that the next prompt may reuse them (a fresh prefill computes
         them the same). Canonical rule only; the drafter keeps its view (its drafts never change
-        an answer). Returns how many positions were decoded again."""
+        an answer). Then keep a copy of those cells in RAM (:meth:`save`). Returns how many
+        positions were decoded again."""
+        n = self._settle_decode()
+        self.save()
+        return n
+
+    def _settle_decode(self) -> int:
         held, lone = self._held_all(), getattr(self.target, "lone_row_from", None)
         if held is None or lone is None or lone >= held.size or not self.shape()[1]:
             return 0
@@ -146,6 +182,81 @@ class PrefixCache:
             a = b
         self.record(g)
         return end - start
+
+    # ------------------------------------------------------------------ copies in RAM
+
+    def save(self) -> bool:
+        """Keep a copy of what the target's KV cache holds for the latest generation (sequence 0,
+        llama.cpp's ``llama_state_seq_get_data``) with the tokens a prompt may reuse from it, so
+        that a later prompt starting as it did is not decoded again even after other prompts
+        replaced it in the KV cache (llama-server's ``--cache-ram``). Canonical rule only: there
+        every reusable cell is what a fresh prefill computes, and a copy restored into an empty
+        cache lands in the same cells in the same order. Copies that a newer one extends are
+        dropped; the least recently used go beyond :attr:`ram_bytes`. True if a copy was kept."""
+        if self.ram_bytes <= 0 or not self._can_copy() or not self.shape()[1]:
+            return False
+        held = self._held()
+        if held is None or held.size < RAM_MIN_TOKENS:
+            return False
+        for c in self._ram:
+            if c.tokens.size >= held.size and np.array_equal(c.tokens[:held.size], held):
+                c.used = self._tick()            # an older copy holds it all already
+                return False
+        ctx = self.target._ctx
+        size = int(llama_cpp.llama_state_seq_get_size(ctx, 0))
+        if size <= 0 or size > self.ram_bytes:
+            return False
+        buf = (ctypes.c_ubyte * size)()
+        if int(llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)) != size:
+            return False
+        self._ram = [c for c in self._ram
+                     if not (c.tokens.size <= held.size and np.array_equal(held[:c.tokens.size], c.tokens))]
+        self._ram.append(_Copy(held.copy(), buf, size, self._tick()))
+        self._ram.sort(key=lambda c: -c.used)
+        while sum(c.nbytes for c in self._ram) > self.ram_bytes:
+            self._ram.pop()
+        return True
+
+    @property
+    def ram_copies(self) -> int:
+        """Copies held in RAM (:meth:`save`)."""
+        return len(self._ram)
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _can_copy(self) -> bool:
+        """A target of its own context (not a slot of a shared one), without a sliding window."""
+        t = self.target
+        return isinstance(t, TargetContext) and t._ctx is not None and t.n_swa == 0
+
+    def _restore(self, prompt: np.ndarray, kept: int) -> int:
+        """If a copy in RAM holds a longer prefix of ``prompt`` than the KV cache (``kept``,
+        by at least RAM_MIN_GAIN tokens), put it in the emptied cache and return how many of its
+        positions the prompt reuses (the caller rolls back past them); else 0 (-1: the restore
+        failed, the cache is empty)."""
+        if not self._ram or not self._can_copy() or not self.shape()[1]:
+            return 0
+        n_max = prompt.size - 1                 # the last prompt token is decoded: its row gives the first token
+        best, best_n = None, kept + RAM_MIN_GAIN - 1
+        for c in self._ram:
+            n = min(c.tokens.size, n_max)
+            diff = np.flatnonzero(c.tokens[:n] != prompt[:n])
+            n = self._align(int(diff[0]) if diff.size else n, int(prompt.size))
+            if n > best_n:
+                best, best_n = c, n
+        if best is None:
+            return 0
+        self.target.clear()
+        ok = int(llama_cpp.llama_state_seq_set_data(self.target._ctx, best.data, best.nbytes, 0)) == best.nbytes
+        self.target.kv_version += 1             # written behind the target's back
+        if not ok:
+            self.target.clear()
+            self._ram.remove(best)
+            return -1
+        best.used = self._tick()
+        return best_n
 
     def _held_all(self) -> Optional[np.ndarray]:
         """What the target's KV cache holds from the latest generation (before the lone-row cut)."""
@@ -191,7 +302,12 @@ class PrefixCache:
         does not use is reset (its view would be stale next time)."""
         kept = self.common(prompt) if reuse else 0
         seen = 0
-        if proposer is not None:
+        restored = self._restore(prompt, kept) if reuse and not capture else 0
+        if restored:                   # (-1: llama.cpp refused the copy; the cache is empty now)
+            kept = max(restored, 0)
+            if proposer is not None:
+                proposer.reset()       # its view is of the previous generation: fed the whole prompt
+        elif proposer is not None:
             if drafting and hasattr(proposer, "rewind"):
                 seen = proposer.rewind(kept)
                 while capture and self._align(seen, prompt.size) != kept:
