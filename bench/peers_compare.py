@@ -59,7 +59,8 @@ from types import SimpleNamespace
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import EVAL_DIR, base_parser, eval_prompts, md_table, run_info, usable_cores, write_results  # noqa: E402
+from _common import (EVAL_DIR, base_parser, eval_prompts, md_table, results_dir, run_info, usable_cores,  # noqa: E402
+                     write_results)
 from serve_load import Proc, free_port, request, run_block  # noqa: E402
 from serve_load import summarize as load_summary  # noqa: E402
 from spec_types import model_path  # noqa: E402
@@ -598,12 +599,18 @@ def row_ttft(args, peers: Path) -> dict:
         argv += ["--results-dir", args.results_dir]
     print(f"[ttft] python bench/prompt_cache.py {shlex.join(argv)}", flush=True)
     prompt_cache.main(argv)
-    from _common import results_dir
     doc = json.loads((results_dir(args.results_dir) / f"{name}.json").read_text())
+    return {"model": model, "argv": argv, **ttft_compare(doc, name), "written": True}
+
+
+def ttft_compare(doc: dict, name: str) -> dict:
+    """The ttft row's comparisons from bench/prompt_cache.py's results (``doc``)."""
+    import prompt_cache
     recs = doc["records"]
+    args = SimpleNamespace(**doc.get("settings", {})) if "chats" in doc.get("settings", {}) else None
     mean = {s: statistics.mean(r["ttft"] for r in recs if r["server"] == s) for s in ("moa", "llama-server")}
     later = {s: [r["ttft"] for r in recs if r["server"] == s and r["turn"] > 0] for s in ("moa", "llama-server")}
-    ns = SimpleNamespace(chats=args.chats, turns=args.turns)
+    ns = args or SimpleNamespace(chats=1 + max(r["chat"] for r in recs), turns=1 + max(r["turn"] for r in recs))
     eq = {s: prompt_cache.compare(recs, s, ns) for s in ("moa", "llama-server")}
     same = (f"= moa-nocache: moa {eq['moa'][0]} turns ({eq['moa'][1]} chats parted), "
             f"llama-server {eq['llama-server'][0]} ({eq['llama-server'][1]})")
@@ -614,7 +621,7 @@ def row_ttft(args, peers: Path) -> dict:
                     1 / statistics.mean(later["moa"]), 1 / statistics.mean(later["llama-server"]), None))
     md = (f"See `{name}.md` (bench/prompt_cache.py with `--llama-server`). Mean TTFT: moa-cpp serve "
           f"{1000 * mean['moa']:.0f} ms, llama-server {1000 * mean['llama-server']:.0f} ms.\n")
-    return {"model": model, "argv": argv, "mean_ttft": mean, "compare": cmp, "md": md, "written": True}
+    return {"mean_ttft": mean, "compare": cmp, "md": md}
 
 
 # ---------------------------------------------------------------------------- conformance
@@ -868,6 +875,9 @@ def main(argv=None) -> int:
     ap.add_argument("--turns", type=int, default=6, help="ttft row: turns per chat")
     ap.add_argument("--ttft-tokens", type=int, default=64)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per process or request")
+    ap.add_argument("--merge", action="store_true",
+                    help="measure nothing: the one table from the rows' files written by earlier runs "
+                         "(<name>-<row>.json; each row still measured in one run)")
     ap.add_argument("--name", default="peers")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
@@ -885,6 +895,16 @@ def main(argv=None) -> int:
     fns = {"plain": row_plain, "ngram": row_ngram, "draft": row_draft, "server": row_server, "ttft": row_ttft,
            "conformance": row_conformance}
     all_cmp, done, elapsed = [], {}, {}
+    if args.merge:
+        rows = []
+        for row in ROWS:
+            f = results_dir(args.results_dir) / f"{args.name}-{row}.json"
+            if f.is_file():
+                doc = json.loads(f.read_text())
+                if row == "ttft":      # bench/prompt_cache.py's file
+                    doc = {**doc, **ttft_compare(doc, f.stem)}
+                done[row], elapsed[row] = doc, float(doc.get("elapsed_s", 0.0))
+                all_cmp += doc.get("compare", [])
     for row in rows:
         t0 = time.perf_counter()
         print(f"=== {row}", flush=True)

@@ -23,6 +23,7 @@ batch-invariant otherwise; ``PrefixCache`` already treats lone-row cells as non-
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -69,6 +70,8 @@ class BatchEngine:
         self._pending: dict = {}
         self._running = False
         self._ctx_lock = threading.Lock()       # every llama.cpp call on the shared context
+        self._decoder: Optional[ThreadPoolExecutor] = None   # the one thread that decodes (_on_decode_thread)
+        self._decode_lock = threading.Lock()
         self.calls = 0                          # llama_decode calls (statistics)
         self.batches = 0                        # rendezvous sets
         self.rows = 0
@@ -109,13 +112,26 @@ class BatchEngine:
                     continue
                 self._cv.release()
                 try:
-                    self._execute(reqs)
+                    self._on_decode_thread(reqs)
                 finally:
                     self._cv.acquire()
                     self._running = False
                     self._cv.notify_all()
         if req.error is not None:
             raise req.error
+
+    def _on_decode_thread(self, reqs: list) -> None:
+        """Run a set on the engine's one decode thread and wait for it. Why not on the slot thread
+        that completed the set: libgomp keeps an OpenMP pool per thread that ever ran a
+        multi-threaded graph, and once all pools' workers outnumber the cores it sleeps on futexes
+        at every barrier, in every pool (moa_cpp/omp_pool.py). Four slot threads taking turns at
+        leading made four pools: SmolLM2 Q4_1 at 4 clients, 2 cores, decoded ~25 % slower than
+        llama-server, which decodes on one thread."""
+        with self._decode_lock:
+            if self._decoder is None:
+                self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moa-decode")
+            fut = self._decoder.submit(self._execute, reqs)
+        fut.result()
 
     # ------------------------------------------------------------------ one set
 
@@ -197,6 +213,10 @@ class BatchEngine:
             return int(llama_cpp.llama_memory_seq_pos_max(self.target._mem, seq))
 
     def close(self) -> None:
+        with self._decode_lock:
+            if self._decoder is not None:
+                self._decoder.shutdown(wait=True)
+                self._decoder = None
         self.target.close()
 
 

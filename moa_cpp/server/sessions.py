@@ -95,6 +95,7 @@ def batched_slots(s: ServerSettings, target_path: Any) -> tuple:
     before any slot holds cells (it is cached on disk; measuring uses the KV cache), and bounds
     the engine's calls, so that sharing a call never changes a slot's rows."""
     from ..target import MAX_VERIFY_ROWS, Target
+    from ..omp_pool import run_in_passing_thread
     from ..target_slots import BatchEngine
 
     opts = dict(s.target_options)
@@ -103,7 +104,9 @@ def batched_slots(s: ServerSettings, target_path: Any) -> tuple:
                             n_gpu_layers=s.n_gpu_layers, rpc=s.rpc or None, n_seq_max=s.parallel, kv_unified=False,
                             n_batch=n_batch, **opts)
     try:
-        exact = base.exact_rows(MAX_VERIFY_ROWS)
+        # measured (once per model, then cached) on a thread that ends with it: no OpenMP pool of
+        # its own outlives it next to the engine's decode thread (moa_cpp/omp_pool.py)
+        exact = run_in_passing_thread(base.exact_rows, MAX_VERIFY_ROWS)
         base.max_exact_rows = exact              # declared: never measured again while slots hold cells
         engine = BatchEngine(base, s.parallel, exact if exact >= 2 else n_batch)
     except BaseException:
