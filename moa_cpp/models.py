@@ -295,6 +295,15 @@ def requantize(src: Union[str, os.PathLike], dst: Union[str, os.PathLike], qtype
     return dst_p
 
 
+def smollm2_f16_path() -> Path:
+    """SmolLM2-135M-Instruct as F16 (cached; values Q4_1's): a small target whose one-row decodes
+    take other CPU kernels than batches (moa_cpp/batch_pad.py)."""
+    out = cache_dir() / "SmolLM2-135M-Instruct.F16.gguf"
+    if not out.is_file():
+        requantize(smollm2_path(), out, "f16")
+    return out
+
+
 def smollm2_q8_0_path() -> Path:
     """SmolLM2-135M-Instruct re-quantized Q4_1 -> Q8_0 (cached; quality stays Q4_1's)."""
     out = cache_dir() / "SmolLM2-135M-Instruct.Q8_0.gguf"

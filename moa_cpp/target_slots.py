@@ -56,7 +56,7 @@ class BatchEngine:
     that are not active (start-up calibration, a remote-protocol verify) join the next set, or
     run at once when no slot is active."""
 
-    def __init__(self, target: Any, n_slots: int, max_rows: int) -> None:
+    def __init__(self, target: Any, n_slots: int, max_rows: int, pad_rows: int = 1) -> None:
         if target.kv_unified:
             raise InvalidArgumentError("BatchEngine needs a target with one KV stream per slot (kv_unified=False)")
         if n_slots > target.n_seq_max:
@@ -64,6 +64,9 @@ class BatchEngine:
         self.target = target
         self.n_slots = n_slots
         self.max_rows = max(1, int(max_rows))
+        # every call gets at least this many rows and logits rows (moa_cpp/batch_pad.py): 2 on a
+        # target whose one-row decodes are computed apart from batches, which all agree; else 1
+        self.pad_rows = max(1, int(pad_rows))
         self.n_ctx_slot = target.n_ctx // target.n_seq_max
         self._cv = threading.Condition()
         self._active: set = set()
@@ -137,20 +140,27 @@ class BatchEngine:
 
     def _calls(self, reqs: list) -> list:
         """Requests packed in order into calls of at most ``max_rows`` rows (and ``n_batch``
-        tokens); a larger request alone."""
+        tokens); a larger request alone. Padded engines (``pad_rows`` > 1) put only requests of
+        the same row count in a call: llama.cpp cuts a call into ubatches that take the same
+        number of rows from each of a run of consecutive sequences, so unequal requests would
+        leave a one-row ubatch (one-row kernels) where the request alone has none."""
         cap = min(self.max_rows, self.target.n_batch)
-        calls: list = []
-        cur: list = []
-        rows = 0
+        groups: dict = {}
         for r in reqs:
-            n = len(r.tokens)
-            if cur and rows + n > cap:
+            groups.setdefault(len(r.tokens) if self.pad_rows > 1 else 0, []).append(r)
+        calls: list = []
+        for group in groups.values():
+            cur: list = []
+            rows = 0
+            for r in group:
+                n = len(r.tokens)
+                if cur and rows + n > cap:
+                    calls.append(cur)
+                    cur, rows = [], 0
+                cur.append(r)
+                rows += n
+            if cur:
                 calls.append(cur)
-                cur, rows = [], 0
-            cur.append(r)
-            rows += n
-        if cur:
-            calls.append(cur)
         return calls
 
     def _execute(self, reqs: list) -> None:
@@ -184,10 +194,26 @@ class BatchEngine:
                 outputs[a:b] = 1
             else:
                 outputs[b - 1] = 1
+        real = outputs.copy()
+        dummy = self._pad(call, outputs) if self.pad_rows > 1 else None
+        if dummy is not None:
+            tokens = np.concatenate([tokens, dummy[0]])
+            positions = np.concatenate([positions, dummy[1]])
+            seqs = np.concatenate([seqs, dummy[2]])
+            outputs = np.concatenate([outputs, np.ones(len(dummy[0]), np.int8)])
         capture = any(r.capture for r in call)
-        logits = tgt.decode_rows(tokens, positions, seqs.tolist(), outputs, capture)
+        try:
+            logits = tgt.decode_rows(tokens, positions, seqs.tolist(), outputs, capture)
+        finally:
+            if dummy is not None:              # the dummy rows' cells go at once (the next token's cell)
+                for seq, pos in zip(dummy[2].tolist(), dummy[1].tolist()):
+                    tgt.seq_rm(seq, pos, -1)
         self.calls += 1
         self.rows += len(tokens)
+        if len(outputs) != len(real) or not np.array_equal(outputs, real):
+            asked = np.concatenate([real, np.zeros(len(outputs) - len(real), np.int8)])
+            logits = logits[np.flatnonzero(asked[np.flatnonzero(outputs)])]   # the padding's rows dropped
+            outputs = real
         inv = None
         if capture and len(call) > 1:
             order, _ = split_equal_order(seqs.tolist(), tgt.n_ubatch)
@@ -200,6 +226,32 @@ class BatchEngine:
                 rows = np.arange(a, b, dtype=np.int32) if inv is None else inv[a:b]
                 r.lsa = tgt.captured_lsa_in(rows)
             r.lone = len(tokens) == 1 and int(positions[0]) >= LONE_ROW_CELLS
+
+    def _pad(self, call: list, outputs: np.ndarray) -> Optional[tuple]:
+        """Make every ubatch of a padded call (same-size requests, :meth:`_calls`) compute at
+        least two rows and two logits rows, as a request alone would: a request that asks for
+        one logits row of several gets its row before too (``outputs``, in place; dropped later);
+        a one-row request that no neighbouring sequence joins in a ubatch gets a dummy row at its
+        next position (returned: tokens, positions, sequences; its cell removed after the call),
+        unless its stream is full (then it decodes unpadded: its last cells)."""
+        k = len(call[0].tokens)
+        if k > 1:
+            a = 0
+            for r in call:
+                b = a + len(r.tokens)
+                if int(outputs[a:b].sum()) < 2:
+                    outputs[b - 2:b] = 1
+                a = b
+            return None
+        seqs = [r.slot.seq for r in call]
+        alone = [r for i, r in enumerate(call)
+                 if (i == 0 or seqs[i - 1] != seqs[i] - 1) and (i + 1 == len(call) or seqs[i + 1] != seqs[i] + 1)]
+        alone = [r for r in alone if int(r.positions[-1]) + 1 < self.n_ctx_slot]
+        if not alone:
+            return None
+        return (np.array([int(r.tokens[-1]) for r in alone], np.int32),
+                np.array([int(r.positions[-1]) + 1 for r in alone], np.int32),
+                np.array([r.slot.seq for r in alone], np.int32))
 
     # ------------------------------------------------------------------ KV edits
 

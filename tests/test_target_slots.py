@@ -103,3 +103,88 @@ def test_slot_keeps_to_its_sequence(targets):
     with pytest.raises(InvalidArgumentError, match="no-cont-batching"):
         s0.seq_cp(0, 1)
     assert s0.n_ctx == 1024 and s0.n_vocab == ref.n_vocab
+
+
+# ---------------------------------------------------------------- padded batches (moa_cpp/batch_pad.py)
+
+
+class _PaddedSolo:
+    """A context of its own whose one-row decodes get a dummy second row (then removed): the
+    rows a padded engine gives a slot, alone or in company."""
+
+    def __init__(self, t):
+        self.t, self._lsa = t, None
+
+    def clear(self):
+        self.t.clear()
+
+    def rollback(self, n):
+        self.t.rollback(n)
+
+    def captured_lsa_in(self):
+        return self._lsa
+
+    def decode(self, toks, pos, capture=True):
+        toks, pos = [int(x) for x in toks], np.asarray(pos)
+        if len(toks) > 1:
+            lg = self.t.decode(toks, pos, capture=capture)
+            self._lsa = self.t.captured_lsa_in()
+            return lg
+        lg = self.t.decode(toks * 2, np.append(pos, pos[-1] + 1), capture=capture)
+        self._lsa = self.t.captured_lsa_in()[:1]
+        self.t.rollback(int(pos[-1]) + 1)
+        return lg[:1]
+
+
+def _concurrently(engine, ids):
+    got: list = [None] * len(ids)
+    errors: list = []
+
+    def slot(i):
+        engine.enter(i)
+        try:
+            got[i] = _run(engine.slot(i), ids[i], i)
+        except BaseException as e:     # reported below
+            errors.append(e)
+        finally:
+            engine.leave(i)
+    threads = [threading.Thread(target=slot, args=(i,)) for i in range(len(ids))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    return got
+
+
+def _differs(a, b) -> bool:
+    return any(not np.array_equal(x[0], y[0]) for x, y in zip(a, b))
+
+
+def test_padded_engine_is_exact_where_one_row_decodes_are_not():
+    """SmolLM2 F16 on the CPU: a one-row decode differs from the same row in a batch (exact batch
+    size 1), while batches of 2+ rows agree (padded_exact_rows). Unpadded, sharing decodes changes
+    a slot's rows; padded (pad_rows=2), three slots in company and one alone get the rows of a
+    padded context of their own, logits and captured K/V bit for bit."""
+    from moa_cpp.batch_pad import padded_exact_rows
+    p = models.smollm2_f16_path()
+    ref = Target.from_path(p, n_ctx=1024, n_threads=2)
+    base = Target.from_path(p, n_ctx=3 * 1024, n_threads=2, n_seq_max=3, kv_unified=False)
+    try:
+        assert ref.exact_rows(8) == 1
+        assert padded_exact_rows(base, 2, 16) == 16
+        ids = [ref.tokenize(x) for x in TEXTS]
+        # unpadded: in company a slot's one-row steps become rows of a larger batch
+        plain = BatchEngine(base, 3, 16)
+        solo = [_run(ref, x, s) for s, x in enumerate(ids)]
+        assert any(_differs(a, b) for a, b in zip(solo, _concurrently(plain, ids)))
+        padded = BatchEngine(base, 3, 16, pad_rows=2)
+        want = [_run(_PaddedSolo(ref), x, s) for s, x in enumerate(ids)]
+        for got in (_concurrently(padded, ids), _concurrently(padded, ids[:1])):
+            for i in range(len(got)):
+                for step, ((l0, c0), (l1, c1)) in enumerate(zip(want[i], got[i])):
+                    assert np.array_equal(l0, l1), f"slot {i} step {step}: logits differ"
+                    assert np.array_equal(c0, c1), f"slot {i} step {step}: captured K/V differ"
+    finally:
+        ref.close()
+        base.close()

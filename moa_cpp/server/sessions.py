@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any
 from pathlib import Path
@@ -21,6 +22,10 @@ from ..generator import SpeculativeGenerator, parse_draft
 from ..speculative.proposers import make_proposer
 from .errors import APIError
 from .settings import ServerSettings
+
+# rows checked for the agreement of padded batches (moa_cpp/batch_pad.py): the batching engine's
+# cap per call there (a cost-aware chain needs 9, prefill chunks take what there is)
+PAD_CHECK_ROWS = 32
 
 log = logging.getLogger("moa_cpp.server")
 
@@ -60,7 +65,14 @@ def build_sessions(s: ServerSettings) -> list:
     batched = s.batching()
     if batched:
         base, slots = batched_slots(s, target_path)
-    else:
+        if slots is None:
+            batched = False
+            s.cont_batching = False              # the settings say what runs (threads, /metrics, start-up line)
+            threads = s.session_threads()
+            print("continuous batching off: this target's rows depend on the batch they are decoded in "
+                  "(not even batches of 2+ rows agree), so sharing decodes would change answers; "
+                  "a context per session instead (-nocb)", file=sys.stderr, flush=True)
+    if not batched:
         base = Target.from_path(target_path, n_ctx=s.n_ctx, n_threads=threads, n_gpu_layers=s.n_gpu_layers,
                                 rpc=s.rpc or None, **s.target_options)
     sessions: list = []
@@ -95,6 +107,7 @@ def batched_slots(s: ServerSettings, target_path: Any) -> tuple:
     before any slot holds cells (it is cached on disk; measuring uses the KV cache), and bounds
     the engine's calls, so that sharing a call never changes a slot's rows."""
     from ..target import MAX_VERIFY_ROWS, Target
+    from ..batch_pad import padded_exact_rows
     from ..omp_pool import run_in_passing_thread
     from ..target_slots import BatchEngine
 
@@ -107,8 +120,17 @@ def batched_slots(s: ServerSettings, target_path: Any) -> tuple:
         # measured (once per model, then cached) on a thread that ends with it: no OpenMP pool of
         # its own outlives it next to the engine's decode thread (moa_cpp/omp_pool.py)
         exact = run_in_passing_thread(base.exact_rows, MAX_VERIFY_ROWS)
+        pad = 1
+        if exact < 2:
+            # one-row decodes computed apart (F16 on the CPU): exact if every call has two rows
+            # and batches of two rows or more all agree (moa_cpp/batch_pad.py)
+            agree = run_in_passing_thread(padded_exact_rows, base, 2, PAD_CHECK_ROWS)
+            if agree < 2:
+                base.close()
+                return None, None
+            pad, exact = 2, agree
         base.max_exact_rows = exact              # declared: never measured again while slots hold cells
-        engine = BatchEngine(base, s.parallel, exact if exact >= 2 else n_batch)
+        engine = BatchEngine(base, s.parallel, exact, pad_rows=pad)
     except BaseException:
         base.close()
         raise
