@@ -213,12 +213,29 @@ def text_matches(blocks: dict, server: str, ref_server: str) -> tuple:
     return sum(r["text"] == ref[r["prompt"]] for r in cmp), len(cmp)
 
 
+def self_matches(blocks: dict, server: str, clients: int) -> tuple:
+    """(responses of ``server`` at ``clients`` whose text equals that server's first answer to the
+    same prompt at its lowest concurrency, compared): answers that do not depend on other users."""
+    levels = sorted(blocks.get(server, {}), key=int)
+    if not levels:
+        return 0, 0
+    ref: dict = {}
+    for b in blocks[server][levels[0]]:
+        for r in b["requests"]:
+            if "text" in r:
+                ref.setdefault(r["prompt"], r["text"])
+    mine = [r for b in blocks[server].get(clients, []) for r in b["requests"] if "text" in r and r["prompt"] in ref]
+    return sum(r["text"] == ref[r["prompt"]] for r in mine), len(mine)
+
+
 def results_table(rows: list) -> str:
     return md_table(["server", "clients", "req/s", "tok/s", "tok/s per round", "latency median s", "p90 s",
-                     "errors", "tau", "texts = moa --draft none", "texts = llama_cpp.server"],
+                     "errors", "tau", "texts = same server, fewest clients", "texts = moa --draft none",
+                     "texts = llama_cpp.server"],
                     [[r["server"], r["clients"], f"{r['req_per_s']:.2f}", f"{r['tok_per_s']:.1f}",
                       " ".join(f"{x:.0f}" for x in r["tok_per_s_rounds"]), f"{r['latency_median']:.2f}",
                       f"{r['latency_p90']:.2f}", r["errors"], "" if r["tau_mean"] is None else f"{r['tau_mean']:.2f}",
+                      "{}/{}".format(*r.get("self_match", ("", ""))),
                       "" if r["plain_match"] is None else f"{r['plain_match']}/{r['plain_compared']}",
                       "" if r["text_match"] is None else f"{r['text_match']}/{r['text_compared']}"] for r in rows])
 
@@ -293,7 +310,7 @@ def main(argv=None) -> int:
         pm, pn = text_matches(blocks, s, PLAIN) if PLAIN in blocks else (None, None)
         for c in args.concurrency:
             rows.append({"server": s, "clients": c, **summarize(blocks[s][c]), "text_match": m, "text_compared": n,
-                         "plain_match": pm, "plain_compared": pn})
+                         "plain_match": pm, "plain_compared": pn, "self_match": self_matches(blocks, s, c)})
     table = results_table(rows)
     print(table)
     header = (f"{model}, drafter {drafter}; {args.rounds} rounds x {args.requests} requests per server and level, "
