@@ -75,9 +75,14 @@ def build_sessions(s: ServerSettings) -> list:
     if not batched:
         base = Target.from_path(target_path, n_ctx=s.n_ctx, n_threads=threads, n_gpu_layers=s.n_gpu_layers,
                                 rpc=s.rpc or None, **s.target_options)
+    # batched: the drafters and draft models compute on the slots' threads with one thread each. A
+    # multi-threaded graph there would give every slot thread a libgomp pool next to the engine's,
+    # and with more pool workers than cores libgomp sleeps at every barrier, the target's included
+    # (moa_cpp/omp_pool.py); the slots draft side by side instead.
+    side = 1 if batched else threads
     sessions: list = []
     try:
-        drafter = (DrafterModel(drafter_path, target_path, device=s.device, n_threads=threads)
+        drafter = (DrafterModel(drafter_path, target_path, device=s.device, n_threads=side)
                    if drafter_path else None)
         for i in range(s.parallel):
             if batched:
@@ -87,7 +92,7 @@ def build_sessions(s: ServerSettings) -> list:
             proposer = None
             if draft_model is not None:
                 proposer = make_proposer(kinds, tgt, parse_draft(draft), drafter=drafter, draft_model=draft_model,
-                                         n_ctx=s.n_ctx, n_threads=threads, n_gpu_layers=s.n_gpu_layers,
+                                         n_ctx=s.n_ctx, n_threads=side, n_gpu_layers=s.n_gpu_layers,
                                          ngram=ngram)
             sessions.append(Session(i, SpeculativeGenerator(tgt, drafter, draft=draft, proposer=proposer,
                                                             spec_type=kinds, draft_min=s.draft_min,
