@@ -54,11 +54,8 @@ def _run(t, toks, slot, steps=16):
     return out
 
 
-def test_batched_slots_get_their_solo_rows_bit_for_bit(targets):
-    ref, engine = targets
-    ids = [ref.tokenize(x) for x in TEXTS]
-    solo = [_run(ref, x, s) for s, x in enumerate(ids)]
-    got: list = [None] * 3
+def _concurrently(engine, ids):
+    got: list = [None] * len(ids)
     errors: list = []
 
     def slot(i):
@@ -69,19 +66,30 @@ def test_batched_slots_get_their_solo_rows_bit_for_bit(targets):
             errors.append(e)
         finally:
             engine.leave(i)
-
-    batches0, calls0 = engine.batches, engine.calls
-    threads = [threading.Thread(target=slot, args=(i,)) for i in range(3)]
+    threads = [threading.Thread(target=slot, args=(i,)) for i in range(len(ids))]
     for th in threads:
         th.start()
     for th in threads:
         th.join(120)
     assert not errors, errors
+    return got
+
+
+def test_batched_slots_get_their_solo_rows_bit_for_bit(targets):
+    ref, engine = targets
+    ids = [ref.tokenize(x) for x in TEXTS]
+    solo = [_run(ref, x, s) for s, x in enumerate(ids)]
+    batches0, calls0 = engine.batches, engine.calls
+    got = _concurrently(engine, ids)
     # the three slots really shared decodes (17 steps each; the prefills do not fit one call)
     assert engine.batches - batches0 <= 17 + 2
     assert engine.calls - calls0 < 3 * 17
-    for i in range(3):
-        for step, ((l0, c0), (l1, c1)) in enumerate(zip(solo[i], got[i])):
+    _assert_same(solo, got)
+
+
+def _assert_same(want, got):
+    for i in range(len(got)):
+        for step, ((l0, c0), (l1, c1)) in enumerate(zip(want[i], got[i])):
             assert np.array_equal(l0, l1), f"slot {i} step {step}: logits differ from the solo decode"
             assert np.array_equal(c0, c1), f"slot {i} step {step}: captured K/V differ from the solo decode"
 
@@ -136,27 +144,6 @@ class _PaddedSolo:
         return lg[:1]
 
 
-def _concurrently(engine, ids):
-    got: list = [None] * len(ids)
-    errors: list = []
-
-    def slot(i):
-        engine.enter(i)
-        try:
-            got[i] = _run(engine.slot(i), ids[i], i)
-        except BaseException as e:     # reported below
-            errors.append(e)
-        finally:
-            engine.leave(i)
-    threads = [threading.Thread(target=slot, args=(i,)) for i in range(len(ids))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(120)
-    assert not errors, errors
-    return got
-
-
 def _differs(a, b) -> bool:
     return any(not np.array_equal(x[0], y[0]) for x, y in zip(a, b))
 
@@ -180,11 +167,8 @@ def test_padded_engine_is_exact_where_one_row_decodes_are_not():
         assert any(_differs(a, b) for a, b in zip(solo, _concurrently(plain, ids)))
         padded = BatchEngine(base, 3, 16, pad_rows=2)
         want = [_run(_PaddedSolo(ref), x, s) for s, x in enumerate(ids)]
-        for got in (_concurrently(padded, ids), _concurrently(padded, ids[:1])):
-            for i in range(len(got)):
-                for step, ((l0, c0), (l1, c1)) in enumerate(zip(want[i], got[i])):
-                    assert np.array_equal(l0, l1), f"slot {i} step {step}: logits differ"
-                    assert np.array_equal(c0, c1), f"slot {i} step {step}: captured K/V differ"
+        _assert_same(want, _concurrently(padded, ids))
+        _assert_same(want, _concurrently(padded, ids[:1]))
     finally:
         ref.close()
         base.close()
