@@ -37,9 +37,10 @@ something. Rows (``--rows``, default all that the installed models allow):
   and ``llama-server`` on the same GGUF: per case what each returns, whether each meets the
   test's checks (other than equality with our Python API), and whether the two agree. No asserts.
 
-    python bench/peers_compare.py                          # every row (~20-25 min on 2 quiet cores, estimate)
+    python bench/peers_compare.py                          # every row (~17 min measured on 2 quiet cores)
     python bench/peers_compare.py --rows plain ngram       # some rows
     python bench/peers_compare.py --quick --results-dir /tmp/smoke     # smoke: a prompt or two, few tokens
+    python bench/peers_compare.py --merge                  # the one table from the rows' latest files
 
 Writes bench/results/<machine-label>/peers-<row>.json/.md/.png per row and peers.json/.md/.png
 (the one table: ours / theirs per row) via bench/_common.write_results.
