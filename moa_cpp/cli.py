@@ -76,6 +76,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if command == "generate" and getattr(args, "conversation", False):     # llama-cli -cnv: the chat
         args.func = importlib.import_module(".cli_chat", __package__).run_chat
     try:
+        if getattr(args, "hf_repo", None) or getattr(args, "hf_repo_draft", None):
+            from .hf_models import apply_hf_args
+            apply_hf_args(args)
         return int(args.func(args) or 0)
     except MoaError as e:
         print(f"moa-cpp {args.command}: error: {e}", file=sys.stderr)

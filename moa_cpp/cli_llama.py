@@ -29,6 +29,12 @@ CACHE_TYPES = ("f16", "f32", "q8_0")
 
 
 def add_llama_arguments(p: argparse.ArgumentParser) -> None:
+    h = p.add_argument_group("models from Hugging Face (llama.cpp's -hf; huggingface_hub's cache, HF_HUB_OFFLINE=1 "
+                             "for the cache only)")
+    h.add_argument("-hf", "--hf-repo", dest="hf_repo", metavar="USER/REPO[:QUANT]",
+                   help="the target: the repo's .gguf whose name holds QUANT (default Q4_K_M, else its first .gguf)")
+    h.add_argument("-hfd", "--hf-repo-draft", dest="hf_repo_draft", metavar="USER/REPO[:QUANT]",
+                   help="the drafter the same way (an MoA drafter, or a plain LLM: a draft model, as -md)")
     g = p.add_argument_group("llama.cpp options")
     g.add_argument("-fa", "--flash-attn", nargs="?", const="on", default="on", choices=("on", "off", "auto"),
                    help="flash attention (default on; auto = on)")
