@@ -108,7 +108,9 @@ def resolve_hf(spec: str) -> str:
 def apply_hf_args(args) -> None:
     """``-hf`` / ``-hfd`` on a parsed command line: set ``args.model`` / ``args.drafter`` to the
     files they name (an error if ``-m`` / ``-d`` names one too)."""
-    for flag, src, dest, other in (("-hf", "hf_repo", "model", "-m"), ("-hfd", "hf_repo_draft", "drafter", "-d/-md")):
+    # `train` names its target --target (-m); the other commands -m/--model
+    target = "target" if hasattr(args, "target") and not hasattr(args, "model") else "model"
+    for flag, src, dest, other in (("-hf", "hf_repo", target, "-m"), ("-hfd", "hf_repo_draft", "drafter", "-d/-md")):
         spec = getattr(args, src, None)
         if not spec:
             continue

@@ -96,3 +96,10 @@ def test_serve_settings_take_hf(hub):
     args = cli.build_parser("serve").parse_args(["serve", "-hf", "testorg/SmolLM2-GGUF:Q4_1"])
     apply_hf_args(args)
     assert settings_from_args(args).model.endswith("SmolLM2-135M-Instruct-Q4_1.gguf")
+
+
+def test_train_takes_hf_as_its_target(hub):
+    from moa_cpp.hf_models import apply_hf_args
+    args = cli.build_parser("train").parse_args(["train", "-hf", "testorg/SmolLM2-GGUF:Q4_1", "--out", "x"])
+    apply_hf_args(args)
+    assert args.target.endswith("SmolLM2-135M-Instruct-Q4_1.gguf")

