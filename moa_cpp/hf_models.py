@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -94,6 +95,8 @@ def resolve_hf(spec: str) -> str:
         raise MoaIOError(f"-hf {spec}: not in the Hugging Face cache ({cache_dir or 'the default cache'}) and "
                          f"HF_HUB_OFFLINE is set: run once online, or pass the file with -m")
     from huggingface_hub import HfApi, hf_hub_download
+    print(f"-hf {spec}: asking the Hugging Face hub (HF_HUB_OFFLINE=1: the local cache only)", file=sys.stderr,
+          flush=True)
     try:
         chosen = pick_file(HfApi().list_repo_files(repo), quant, repo)
         paths = [hf_hub_download(repo, f, cache_dir=cache_dir) for f in chosen]
