@@ -53,8 +53,9 @@ def pick_file(files: list, quant: Optional[str], repo: str) -> list:
     return [first] + [f for f in hits if f != first and f.startswith(stem) and _SPLIT.search(f)]
 
 
-def _cache_dir() -> Optional[str]:
-    # huggingface_hub reads its environment at import: reading it here honours later changes
+def hub_cache_dir() -> Optional[str]:
+    """huggingface_hub's cache folder as the environment says now (None: its default). It reads
+    HF_HUB_CACHE / HF_HOME once at import; reading them here honours later changes (tests, wrappers)."""
     if os.environ.get("HF_HUB_CACHE"):
         return os.environ["HF_HUB_CACHE"]
     if os.environ.get("HF_HOME"):
@@ -62,7 +63,8 @@ def _cache_dir() -> Optional[str]:
     return None
 
 
-def _offline() -> bool:
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE set: the local cache only."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
@@ -81,7 +83,7 @@ def resolve_hf(spec: str) -> str:
     """The local path of the GGUF that ``-hf spec`` names, downloaded into huggingface_hub's cache
     if needed (see the module doc)."""
     repo, quant = parse_spec(spec)
-    cache_dir = _cache_dir()
+    cache_dir = hub_cache_dir()
     cached = _cached_files(repo, cache_dir)
     if cached is not None:
         snap, files = cached
@@ -91,7 +93,7 @@ def resolve_hf(spec: str) -> str:
             chosen = None            # cached, but not this quant: ask the hub (unless offline)
         if chosen and all((snap / f).is_file() for f in chosen):
             return str(snap / chosen[0])
-    if _offline():
+    if hub_offline():
         raise MoaIOError(f"-hf {spec}: not in the Hugging Face cache ({cache_dir or 'the default cache'}) and "
                          f"HF_HUB_OFFLINE is set: run once online, or pass the file with -m")
     from huggingface_hub import HfApi, hf_hub_download

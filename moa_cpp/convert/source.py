@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import MoaIOError
+from ..hf_models import hub_cache_dir, hub_offline
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +16,6 @@ log = logging.getLogger(__name__)
 ALLOW_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json"]
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_TRUE = {"1", "ON", "YES", "TRUE"}
 
 
 @dataclass(frozen=True)
@@ -25,20 +25,6 @@ class Source:
     path: Path
     name: str
     repo_id: str | None = None
-
-
-def _hub_cache_dir() -> str | None:
-    # huggingface_hub freezes its env-derived constants at import time; reading the variables
-    # here makes a later HF_HUB_CACHE / HF_HOME (tests, wrappers) take effect.
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    if os.environ.get("HF_HOME"):
-        return str(Path(os.environ["HF_HOME"]) / "hub")
-    return None
-
-
-def _hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in _TRUE
 
 
 def resolve_source(src: str | os.PathLike[str], revision: str | None = None) -> Source:
@@ -61,7 +47,7 @@ def resolve_source(src: str | os.PathLike[str], revision: str | None = None) -> 
         raise MoaIOError(f"source {s!r}: no such file or directory, and not a hub repo id (org/name)")
     from huggingface_hub import snapshot_download  # imported lazily: only the hub path needs it
 
-    cache_dir, offline = _hub_cache_dir(), _hub_offline()
+    cache_dir, offline = hub_cache_dir(), hub_offline()
     log.info("source: hub repo %s (revision %s, cache %s%s)", s, revision or "main",
              cache_dir or "default", ", offline" if offline else "")
     try:
