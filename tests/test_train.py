@@ -375,8 +375,10 @@ def chain4_tau(target: Path, drafter: Path, prompts: list, max_tokens: int) -> f
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("draft_vocab,tli", [(0, 0), (512, 0), (0, 1)], ids=["full-vocab", "reduced-vocab", "tli1"])
-def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Path, draft_vocab: int, tli: int) -> None:
+@pytest.mark.parametrize("draft_vocab,tli,source", [(0, 0, "torch"), (512, 0, "llama"), (0, 1, "torch")],
+                         ids=["full-vocab", "reduced-vocab-llama", "tli1"])
+def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Path, draft_vocab: int, tli: int,
+                                                source: str) -> None:
     """Data from llama.cpp, a short run on the fixture target: the loss falls, and the native
     engine's greedy chain-4 tau with the trained drafter (torch -> snapshot -> GGUF -> native)
     beats a random drafter's.
@@ -394,9 +396,11 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
     target's next token depends on more than the current one. Held-out acceptance is therefore
     measured on SmolLM2: :func:`test_tiny_smollm2_run_beats_random_drafter_on_heldout_prompts`.
 
-    ``reduced-vocab``: the same with a 512-token draft vocabulary (of 49,152; the random fixture
-    target writes ~740 distinct tokens, so 96 tokens covered only half of them) (own head, ``d2t`` in the GGUF,
-    draft ids mapped back to target ids by the proposer). ``tli1``: TLI 1 (features with the
+    ``reduced-vocab-llama``: the same with a 512-token draft vocabulary (of 49,152; the random
+    fixture target writes ~740 distinct tokens, so 96 tokens covered only half of them) (own head,
+    ``d2t`` in the GGUF, draft ids mapped back to target ids by the proposer), and the features
+    from llama.cpp (``--feature-source llama``: the native capture's K/V, llama.cpp's hidden
+    states, the frozen head from gguf-py) instead of the PyTorch target. ``tli1``: TLI 1 (features with the
     residual entering the last layer, the GGUF converted with ``tli=1``, the engine running the
     target's last layer on every draft row).
     """
@@ -405,9 +409,14 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
     target = fixture_dir / "target-f32.gguf"
     ds = _prompt_dataset(target, tmp_path, 64)
     assert (tmp_path / "data" / "manifest.json").is_file()
-    tt = TorchTarget.from_gguf(target)
-    fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False,
-                          resid_layer=tt.n_layer - tli if tli else None)
+    if source == "llama":
+        from moa_cpp.train.features_llama import GgufHead, compute_features_llama
+        tt = GgufHead.from_gguf(target)
+        fs = compute_features_llama(str(target), ds, None, log=lambda s: None, threads=1)
+    else:
+        tt = TorchTarget.from_gguf(target)
+        fs = compute_features(tt, ds, None, log=lambda s: None, bf16=False,
+                              resid_layer=tt.n_layer - tli if tli else None)
     spec = spec_from_target(target, **FIXTURE_SIZES)
     ts = TrainSettings(seed=0, steps=TINY_STEPS, batch_tokens=512, lr=1e-2, holdout=3, eval_every=1000, ckpt_every=1000,
                        threads=2, bf16=False, draft_vocab=draft_vocab, tli=tli)

@@ -62,6 +62,9 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--code-share", type=float, default=None, metavar="F",
                    help="fixed answers: make this fraction of them answers with a fenced code block (ShareGPT has "
                         "~1/5; e.g. 0.5 for a code target such as Qwen2.5-Coder); default: as drawn")
+    p.add_argument("--no-chat", dest="chat", action="store_false",
+                   help="self-distilled data on the raw prompt text, without the chat template (base models, which "
+                        "users prompt with plain text; default: the chat template)")
     p.add_argument("--data-minutes", type=float, default=12.0, help="time budget of data generation")
     p.add_argument("--max-new-tokens", type=int, default=256, help="response length cap")
     p.add_argument("--greedy-fraction", type=float, default=0.7, help="share of greedy responses")
@@ -75,6 +78,9 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
                    help="never train on these prompts: prompts.jsonl files or run/data directories (e.g. a "
                         "held-out set's, so continuation rounds leave it untouched)")
     p.add_argument("--data-only", action="store_true", help="stop after generating the data")
+    p.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=0, metavar="N",
+                   help="layers llama.cpp offloads to the GPU in its stages (data generation, llama.cpp features); "
+                        "-1: all (llama.cpp's flag; default 0)")
 
 
 def _training_arguments(p: argparse.ArgumentParser) -> None:
@@ -143,6 +149,11 @@ def _training_arguments(p: argparse.ArgumentParser) -> None:
                    help="target features: computed once and cached in OUT/features (default; ~23 KB per token "
                         "for SmolLM2), or recomputed per batch (online: no cache, one target forward per step; "
                         "the GPU recipe's choice)")
+    p.add_argument("--feature-source", default="auto", choices=["auto", "torch", "llama"],
+                   help="where the target's K/V, hidden states and labels come from: llama (llama.cpp prefills the "
+                        "GGUF: any architecture it runs, any backend, the verifier's own K/V), torch (a PyTorch "
+                        "re-run: llama / qwen2 only; faster on a CPU with bf16, docs/training.md#features), auto "
+                        "(default: torch where it has the architecture, else llama)")
     p.add_argument("--eval-every", type=int, default=50)
 
 
@@ -246,6 +257,7 @@ def run_train(args: argparse.Namespace) -> int:
     from ..convert import convert
     from .data import concat_datasets, load_dataset
     from .features import OnlineFeatures, compute_features
+    from .features_llama import GgufHead, compute_features_llama
     from .target_torch import TorchTarget
     from .trainer import Trainer
 
@@ -265,12 +277,16 @@ def run_train(args: argparse.Namespace) -> int:
     names += [str(d) for d in args.extra_data]
     ds = parts[0] if len(parts) == 1 else concat_datasets(parts)
     t_data = time.time() - t0
-    tt = TorchTarget.from_gguf(target).to(device)
-    resid_layer = tt.n_layer - args.tli if args.tli else None
-    if args.features == "online":
-        fs = OnlineFeatures(tt, bf16=bf16, resid_layer=resid_layer)
+    if feature_source(args, target) == "llama":
+        tt = GgufHead.from_gguf(target).to(device)
+        fs = compute_features_llama(target, ds, out / "features", threads=args.threads, n_gpu_layers=args.n_gpu_layers)
     else:
-        fs = compute_features(tt, ds, out / "features", bf16=bf16, resid_layer=resid_layer)
+        tt = TorchTarget.from_gguf(target).to(device)
+        resid_layer = tt.n_layer - args.tli if args.tli else None
+        if args.features == "online":
+            fs = OnlineFeatures(tt, bf16=bf16, resid_layer=resid_layer)
+        else:
+            fs = compute_features(tt, ds, out / "features", bf16=bf16, resid_layer=resid_layer)
     t_feat = time.time() - t0 - t_data
     ts = _train_settings(args, base, device, bf16)
     tr = Trainer(spec, tt, ds, fs, out, ts, init=base)
@@ -301,6 +317,36 @@ def run_train(args: argparse.Namespace) -> int:
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "history"}, indent=2))
     return 0
+
+
+def feature_source(args: argparse.Namespace, target: str) -> str:
+    """``--feature-source`` resolved for ``target``: auto is torch where :mod:`moa_cpp.arch`'s table
+    has a PyTorch copy of the architecture (measured faster on CPUs with bf16), else llama."""
+    if args.feature_source != "auto":
+        return args.feature_source
+    from ..arch import lookup
+    from ..convert.target_gguf import read_target
+    return "torch" if lookup(read_target(target).arch).torch_target else "llama"
+
+
+def _check_feature_source(args: argparse.Namespace, target: str) -> None:
+    """What only the PyTorch target can do, refused with the llama.cpp feature source (and the
+    torch source refused for an architecture it has no copy of) before any work."""
+    from ..arch import lookup, names_where
+    from ..convert.target_gguf import read_target
+    from ..errors import InvalidArgumentError
+
+    arch = read_target(target).arch
+    src = feature_source(args, target)
+    if src == "torch" and not lookup(arch).torch_target:
+        raise InvalidArgumentError(f"--feature-source torch: the PyTorch target has {' / '.join(names_where('torch_target'))} "
+                                   f"only, not {arch!r}; use --feature-source llama (or auto)")
+    if src == "llama":
+        needs_torch = [flag for flag, on in (("--tli N", args.tli), ("--init-from-target", args.init_from_target),
+                                             ("--features online", args.features == "online")) if on]
+        if needs_torch:
+            raise InvalidArgumentError(f"{', '.join(needs_torch)}: needs the PyTorch target (--feature-source torch), "
+                                       f"and the features of {arch!r} come from llama.cpp here")
 
 
 def _checked_inputs(args: argparse.Namespace, target: str) -> tuple:
@@ -346,6 +392,7 @@ def _checked_inputs(args: argparse.Namespace, target: str) -> tuple:
     if args.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
         raise InvalidArgumentError(f"--optimizer muon: needs torch >= 2.9 (installed {torch.__version__}); "
                                    "use --optimizer adamw")
+    _check_feature_source(args, target)
     _check_prompt_specs(args)
     try:
         device = resolve_device(args.device)
@@ -363,7 +410,7 @@ def _make_data(args: argparse.Namespace, target: str, out: Path, exclude: frozen
     dset = DataSettings(seed=args.seed, n_samples=args.n_samples, minutes=args.data_minutes,
                         n_parallel=args.n_parallel, max_new_tokens=args.max_new_tokens,
                         greedy_fraction=args.greedy_fraction, n_threads=args.gen_threads,
-                        sharegpt_turns=args.sharegpt_turns)
+                        n_gpu_layers=args.n_gpu_layers, chat=args.chat, sharegpt_turns=args.sharegpt_turns)
     parts, names = [], []
     if args.n_samples:
         names.append("self-distilled")

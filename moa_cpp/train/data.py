@@ -53,6 +53,7 @@ class DataSettings:
     top_p: float = 0.95
     n_ctx: int = 8192                   # KV cells, split evenly among the n_parallel sequences
     n_threads: Optional[int] = None
+    n_gpu_layers: int = 0               # layers llama.cpp offloads (-1: all), as -ngl
     round_size: int = 128               # self-generated instructions per round (then their responses)
     chat: bool = True                   # wrap prompts in the chat template (False: raw text, e.g. base models)
     sharegpt_turns: str = "first"       # ShareGPT prompts: first human turn, or "all" (each with its context)
@@ -272,6 +273,7 @@ class _Rounds:
 
         # Split KV cache: every sequence is independent, so each row attends only its own cells.
         self.tg = Target.from_path(target_path, n_ctx=st.n_ctx, n_threads=st.n_threads, n_batch=512,
+                                   n_gpu_layers=st.n_gpu_layers,
                                    n_seq_max=max(st.n_parallel, 1), install_callback=False, kv_unified=False)
         self.st, self.rng, self.deadline, self.log = st, rng, deadline, log
         self.room = st.prompt_room(self.tg.n_ctx)            # same rule as the fixed answers' prompt cap

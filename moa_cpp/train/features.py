@@ -15,7 +15,17 @@ from .data import Dataset
 from .devices import autocast
 from .target_torch import TargetFeatures, TorchTarget
 
-__all__ = ["FeatureStore", "OnlineFeatures", "compute_features"]
+__all__ = ["FeatureStore", "OnlineFeatures", "cache_matches", "compute_features"]
+
+
+def cache_matches(cache_dir: Path, n_tokens: int, source: str) -> bool:
+    """Whether ``cache_dir`` holds finished features of ``n_tokens`` tokens from ``source``
+    ("torch": the PyTorch target, "llama": llama.cpp; caches from before the key are torch's)."""
+    done = cache_dir / "done.json"
+    if not done.is_file():
+        return False
+    meta = json.loads(done.read_text())
+    return meta.get("n_tokens") == n_tokens and meta.get("source", "torch") == source
 
 
 class FeatureStore:
@@ -109,8 +119,7 @@ def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = N
 
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        done = cache_dir / "done.json"
-        if done.is_file() and json.loads(done.read_text()).get("n_tokens") == n_tok:
+        if cache_matches(cache_dir, n_tok, "torch"):
             fs = FeatureStore(np.load(cache_dir / "lsa.npy", mmap_mode="r"), np.load(cache_dir / "hidden.npy"))
             if resid_layer is not None:
                 if not (cache_dir / resid_name).is_file():
@@ -120,6 +129,7 @@ def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = N
                     log(f"features: residual of layer {resid_layer} for {n_tok} tokens in {secs:.0f}s")
                 fs.resid = np.load(cache_dir / resid_name)
             return fs
+        (cache_dir / "done.json").unlink(missing_ok=True)   # a cache being rewritten is never reused
         lsa = np.lib.format.open_memmap(cache_dir / "lsa.npy", mode="w+", dtype=np.float16, shape=(n_tok, L, W))
     else:
         lsa = np.empty((n_tok, L, W), dtype=np.float16)
@@ -138,5 +148,5 @@ def compute_features(tt: TorchTarget, ds: Dataset, cache_dir: Optional[Path] = N
         np.save(cache_dir / "hidden.npy", hidden)
         if resid is not None:
             np.save(cache_dir / resid_name, resid)
-        (cache_dir / "done.json").write_text(json.dumps({"n_tokens": n_tok}))
+        (cache_dir / "done.json").write_text(json.dumps({"n_tokens": n_tok, "source": "torch"}))
     return FeatureStore(lsa, hidden, resid)
