@@ -1,5 +1,6 @@
 """Greedy chain-4 tau and tokens/s of a trained drafter vs plain decoding on 10 own prompts
-(not the evaluation sets). Usage: python bench/train_tau.py DRAFTER.gguf [--threads 1] [--max-tokens 128]"""
+(not the evaluation sets). Usage: python bench/train_tau.py DRAFTER.gguf [--threads 1] [--max-tokens 128]
+[-m TARGET.gguf (default SmolLM2 Q4_1)] [--no-chat (the raw prompt text: base models)]"""
 from __future__ import annotations
 
 import argparse
@@ -28,17 +29,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--draft", default="chain:4")
+    ap.add_argument("-m", "--target", default=None, help="target GGUF (default: SmolLM2 Q4_1)")
+    ap.add_argument("--no-chat", dest="chat", action="store_false", help="raw prompts (no chat template)")
     a = ap.parse_args()
-    tgt = str(smollm2_path())
+    tgt = a.target or str(smollm2_path())
     res = {}
     for name, d in (("plain", None), ("moa", a.drafter)):
         gen = SpeculativeGenerator.from_paths(tgt, d, draft=a.draft, n_ctx=2048, n_threads=a.threads)
-        gen.generate(PROMPTS[0], chat=True, max_tokens=16)  # warm-up
+        gen.generate(PROMPTS[0], chat=a.chat, max_tokens=16)  # warm-up
         acc = calls = toks = 0
         secs = 0.0
         texts = []
         for p in PROMPTS:
-            r = gen.generate(p, chat=True, max_tokens=a.max_tokens)
+            r = gen.generate(p, chat=a.chat, max_tokens=a.max_tokens)
             acc += r.stats.accepted
             calls += r.stats.target_calls
             toks += r.stats.n_generated

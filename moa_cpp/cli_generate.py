@@ -32,7 +32,8 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     # llama.cpp's spellings (-m, -md, -n, -c, -t, -ngl, --draft-max) work alongside the long names
     p.add_argument("-m", "--model", help="target GGUF (default: the embedded default target)")
     p.add_argument("-d", "-md", "--drafter", "--model-draft", dest="drafter",
-                   help="MoA drafter GGUF (default: the embedded default drafter); a plain LLM GGUF given "
+                   help="MoA drafter GGUF, or the name of a shipped one (smollm2-135m-instruct, gemma-3-270m: "
+                        "README's model table; default: the embedded default drafter); a plain LLM GGUF given "
                         "here drafts as a draft model (same as --draft-model)")
     p.add_argument("--draft-model", metavar="GGUF",
                    help="classic draft-model speculation: a small LLM with the target's tokenizer drafts")

@@ -6,7 +6,25 @@ from pathlib import Path
 
 from .errors import MoaError
 
-DEFAULT_DRAFTER = Path(__file__).resolve().parent / "data" / "moa-smollm2-135m-instruct.gguf"
+DATA_DIR = Path(__file__).resolve().parent / "data"
+DEFAULT_DRAFTER = DATA_DIR / "moa-smollm2-135m-instruct.gguf"
+
+
+def shipped_drafters() -> dict[str, Path]:
+    """The drafters this package ships (``moa_cpp/data/moa-NAME.gguf``), by ``NAME``: what
+    ``-d NAME`` means when no file of that name exists (``-d gemma-3-270m``)."""
+    return {p.stem[len("moa-"):]: p for p in sorted(DATA_DIR.glob("moa-*.gguf"))}
+
+
+def drafter_path(arg: str) -> str:
+    """``-d ARG``: a path, or the name of a shipped drafter (:func:`shipped_drafters`) when no
+    such file exists; an unknown name stays as given (the loader's not-found error names it)."""
+    if Path(arg).exists():
+        return arg
+    if "/" in arg or "\\" in arg:          # a path: never a name
+        return arg
+    shipped = shipped_drafters().get(arg.removesuffix(".gguf").removeprefix("moa-"))
+    return str(shipped) if shipped is not None else arg
 
 
 def default_target() -> str:
@@ -30,6 +48,8 @@ def resolve_models(target, drafter, draft_model, no_draft: bool) -> tuple:
     from .errors import InvalidArgumentError
     from .draft_setting import is_moa_drafter
 
+    if drafter is not None:
+        drafter = drafter_path(str(drafter))
     if drafter is not None and draft_model is None and not is_moa_drafter(drafter):
         drafter, draft_model = None, drafter
     if drafter is not None and draft_model is not None:

@@ -289,3 +289,26 @@ def test_cli_embedded_default_drafter() -> None:
     assert spec["draft"] == "chain:4" and plain["draft"] == "none"
     assert spec["tokens"] == plain["tokens"] and spec["n_tokens"] > 0
     assert spec["target_calls"] < plain["target_calls"]  # the trained drafter got tokens accepted
+
+
+@pytest.mark.model
+def test_cli_shipped_drafter_by_name() -> None:
+    """``-d NAME`` names a drafter shipped in moa_cpp/data (README's model table): the same run as
+    its path; an unknown name, or a path, is looked up as a file (the not-found error)."""
+    from moa_cpp import models
+    from moa_cpp.defaults import DEFAULT_DRAFTER, drafter_path, shipped_drafters
+
+    assert shipped_drafters()["smollm2-135m-instruct"] == DEFAULT_DRAFTER
+    assert drafter_path("moa-smollm2-135m-instruct.gguf") == str(DEFAULT_DRAFTER)
+    assert drafter_path("./smollm2-135m-instruct") == "./smollm2-135m-instruct"     # a path, never a name
+
+    def run(d: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "moa_cpp.cli", "generate", "-m", str(models.smollm2_path()),
+                               "-d", d, "-p", "The capital of France is", "-n", "16", "--chain", "4", "--threads", "1",
+                               "--json"], capture_output=True, text=True, timeout=300)
+    by_name, by_path = run("smollm2-135m-instruct"), run(str(DEFAULT_DRAFTER))
+    assert by_name.returncode == 0 and by_path.returncode == 0, by_name.stderr + by_path.stderr
+    a, b = json.loads(by_name.stdout), json.loads(by_path.stdout)
+    assert a["tokens"] == b["tokens"] and a["spec_type"] == "moa" and a["target_calls"] == b["target_calls"]
+    p = run("no-such-drafter")
+    assert p.returncode == 2 and "not found" in p.stderr, p.stderr

@@ -485,3 +485,30 @@ def test_ignore_eos_runs_past_the_end_and_stays_lossless(ctx):
             out += ev.tokens
             sst = ev.stats
         assert out == toks and sst.drafted > 0
+
+
+# the drafter this package ships for each target (README's model table; `-d NAME`)
+SHIPPED = {"smollm2-q4_1": "smollm2-135m-instruct", "smollm2-q8_0": "smollm2-135m-instruct",
+           "gemma3-270m-q4_k_m": "gemma-3-270m"}
+
+
+@pytest.mark.parametrize("cfg", [DraftConfig("chain", chain=4), SMALL_TREE], ids=["chain4", "tree3,3,10"])
+def test_shipped_drafter_lossless(ctx, cfg):
+    """The shipped drafter of each target (a trained one: long accepted runs, partial acceptance,
+    rejections, at the depths it really drafts), by its ``-d`` name: output = plain decoding."""
+    from moa_cpp.defaults import drafter_path, shipped_drafters
+    name = SHIPPED[ctx.name]
+    assert name in shipped_drafters(), f"no shipped drafter {name!r} in moa_cpp/data"
+    dm = DrafterModel(drafter_path(name), ctx.target.path)
+    state = DrafterState(dm, n_ctx=512, n_draft_max=64, n_batch=128)
+    try:
+        loop = SpeculativeLoop(ctx.target, MoAProposer(state, cfg), cfg)
+        chk = Checker()
+        loop.on_cycle = chk
+        for i, ids in ctx.share(0 if cfg.mode == "chain" else 1, parts=2):
+            toks, _ = run(loop, ids, cfg)
+            ctx.check(i, toks, f"shipped {cfg.mode}")
+        assert chk.events["full"] + chk.events["partial"] > 0, chk.events    # it drafted tokens that were kept
+    finally:
+        state.close()
+        dm.close()

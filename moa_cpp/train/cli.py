@@ -393,6 +393,13 @@ def _checked_inputs(args: argparse.Namespace, target: str) -> tuple:
         raise InvalidArgumentError(f"--optimizer muon: needs torch >= 2.9 (installed {torch.__version__}); "
                                    "use --optimizer adamw")
     _check_feature_source(args, target)
+    if args.install_default:
+        from ..convert.target_gguf import read_target
+        from ..defaults import DEFAULT_DRAFTER, default_target
+        mine, default = read_target(target), read_target(default_target())
+        if (mine.arch, mine.block_count, mine.vocab_size) != (default.arch, default.block_count, default.vocab_size):
+            raise InvalidArgumentError(f"--install-default: {DEFAULT_DRAFTER.name} drafts for the embedded default "
+                                       f"target ({Path(default_target()).name}), not for {Path(target).name}")
     _check_prompt_specs(args)
     try:
         device = resolve_device(args.device)
