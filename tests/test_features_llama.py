@@ -103,3 +103,18 @@ def test_torch_features_of_gemma3_are_refused(tmp_path: Path, capsys: pytest.Cap
     err = capsys.readouterr().err
     assert code == 2 and "not 'gemma3'; use --feature-source llama" in err, err
     assert not out.exists()
+
+
+@pytest.mark.model
+def test_install_default_refused_for_another_target(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--install-default`` overwrites the embedded default's drafter: only a drafter of that very
+    target may go there (a Gemma drafter there would break ``moa-cpp generate`` with no -m/-d)."""
+    from moa_cpp.cli import main
+    from moa_cpp.defaults import DEFAULT_DRAFTER
+
+    before = DEFAULT_DRAFTER.stat().st_mtime_ns
+    out = tmp_path / "run"
+    code = main(["train", "--target", "gemma3-270m", "--out", str(out), "--steps", "1", "--install-default"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--install-default" in err and "gemma-3-270m-q4_k_m.gguf" in err, err
+    assert not out.exists() and DEFAULT_DRAFTER.stat().st_mtime_ns == before

