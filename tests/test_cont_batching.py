@@ -98,18 +98,26 @@ def test_trees_verify_their_main_path_and_answer_the_same(server):
     assert got[0] == alone
 
 
-def _leave_mid_answer(srv, prompt: str) -> None:
-    """Open a streamed answer, read its first chunk, and drop the connection."""
+def _leave_mid_answer(srv, prompt: str) -> int:
+    """Open a streamed answer, read its first chunk, and drop the connection. Returns the status:
+    200, or 503 when the queue is full (abandoned answers hold their slots until the server sees
+    the client gone, so a burst can fill the queue; the 503 connection stays open, keep-alive)."""
     s = socket.create_connection((srv.host, srv.port), timeout=60)
     body = json.dumps(_body(prompt, "none", max_tokens=600, stream=True)).encode()
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     buf = b""
     while b"data: " not in buf:
+        if b"\r\n\r\n" in buf and not buf.startswith(b"HTTP/1.1 200"):
+            status = int(buf.split(b" ", 2)[1])
+            assert status == 503, buf
+            s.close()
+            return status
         chunk = s.recv(4096)
         assert chunk, "the server closed the stream"
         buf += chunk
     s.close()
+    return 200
 
 
 def test_client_that_leaves_mid_answer_frees_its_slot(server):
@@ -117,7 +125,7 @@ def test_client_that_leaves_mid_answer_frees_its_slot(server):
     slots come free within seconds (not after 600 tokens), and three new requests are served
     at once with their alone answers."""
     alone = [_chat(server, _body(p, "none", max_tokens=12)) for p in PROMPTS[:3]]
-    _together([lambda p=p: _leave_mid_answer(server, p) for p in PROMPTS[:3]])
+    assert _together([lambda p=p: _leave_mid_answer(server, p) for p in PROMPTS[:3]]) == [200] * 3
     assert wait_until(lambda: _metric(server, "llamacpp:requests_processing") == 0, timeout=60)
     t = time.monotonic()
     got = _together([lambda p=p: _chat(server, _body(p, "none", max_tokens=12)) for p in PROMPTS[:3]])
@@ -138,7 +146,7 @@ def test_bounded_burst_of_mixed_clients_leaves_the_server_healthy(server):
         while time.monotonic() < stop:
             kind = rnd.random()
             if kind < 0.15:
-                _leave_mid_answer(server, rnd.choice(PROMPTS))
+                _leave_mid_answer(server, rnd.choice(PROMPTS))        # 200, or 503: queue full
                 continue
             if kind < 0.25:
                 st, _, _ = server.post("/v1/chat/completions", b'{"messages": [', timeout=60)
