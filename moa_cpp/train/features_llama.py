@@ -55,18 +55,11 @@ class GgufHead:
     def from_gguf(cls, path: str | os.PathLike[str]) -> "GgufHead":
         import gguf
 
+        from ..convert.target_gguf import read_target
+
+        info = read_target(path)        # sizes read and checked once (memoised: the CLI read it already)
+        d = info.n_embd
         r = gguf.GGUFReader(str(path))
-
-        def field(key: str, default=None):
-            f = r.fields.get(key)
-            return default if f is None else f.contents()
-
-        arch = str(field("general.architecture"))
-        d = int(field(f"{arch}.embedding_length"))
-        n_head = int(field(f"{arch}.attention.head_count"))
-        n_kv = field(f"{arch}.attention.head_count_kv", n_head)
-        n_kv = int(n_kv if np.isscalar(n_kv) else max(n_kv))
-        head_dim = int(field(f"{arch}.attention.key_length", d // n_head))
         tensors = {t.name: t for t in r.tensors if t.name in ("token_embd.weight", "output.weight")}
         if "token_embd.weight" not in tensors:
             from ..errors import FormatError
@@ -79,7 +72,7 @@ class GgufHead:
 
         embed = load("token_embd.weight")
         lm_head = load("output.weight") if "output.weight" in tensors else embed
-        return cls(embed, lm_head, int(field(f"{arch}.block_count")), 2 * n_kv * head_dim, arch)
+        return cls(embed, lm_head, info.block_count, 2 * info.head_count_kv * info.key_length, info.arch)
 
     def to(self, device) -> "GgufHead":
         self.embed = self.embed.to(device)
