@@ -2,6 +2,7 @@
 # Issue 22: training that accumulates. Every run starts from a drafter GGUF (--init-from) and is
 # scored on ONE common held-out set (bench/heldout_tau.py) against the drafter it started from.
 #
+#   bash bench/continue_train.sh lists            the prompt lists of every round before ROUND (seconds each)
 #   bash bench/continue_train.sh prepare          held-out set, what the shipped drafter trained on,
 #                                                 this round's data + features (~20 min on 2 cores)
 #   bash bench/continue_train.sh ab [NAME...]     equal wall-clock A/Bs (MINUTES, default 5, each)
@@ -46,7 +47,7 @@ declare -A FLAGS=([rewarm]="--lr 2e-3" [nowarm]="--warmup 0" [ns3]="--muon-ns-st
                   [ce0.3]="--ce-weight 0.3" [t5]="--t-range 5 5" [lr1e-3]="--lr 1e-3" [lr5e-4]="--lr 5e-4"
                   [d4]="--loss-max-depth 4" [d8]="--loss-max-depth 8"
                   [offmask]="--mask-off-target")
-mode=${1:?usage: prepare | ab [NAME...] | long NAME | score RUN...}; shift
+mode=${1:?usage: lists | prepare | ab [NAME...] | long NAME | score RUN...}; shift
 
 score() {  # REPORT, runs...
     local report=$1; shift
@@ -56,8 +57,9 @@ score() {  # REPORT, runs...
         --out bench/results/$report.json
 }
 
-case $mode in
-prepare)
+# the prompt lists of the rounds before ROUND and of what the shipped drafter trained on (sets `seen`):
+# scoring drops their conversations, later rounds and A/Bs exclude them
+lists() {
     # the prompts of earlier rounds (teacher-forced answers: no generation, seconds each)
     seen=(out/cont/base-trained-on)
     for r in $ROUNDS; do
@@ -88,6 +90,14 @@ with open("out/cont/base-trained-on/prompts.jsonl", "w") as f:
     for j in order[:400]:
         f.write(json.dumps({"prompt": prompts[int(j)]}) + "\n")
 EOF
+}
+
+case $mode in
+lists)
+    lists
+    ;;
+prepare)
+    lists
     # the common held-out set (greedy answers, ~2.5 s each); the seed-7 set predates the exclusion
     # (scoring drops what rounds drew of it), later sets exclude every earlier round's prompts
     excl=(); [ "$HELDOUT_SEED" = 7 ] || excl=(--exclude-prompts "${seen[@]}")
