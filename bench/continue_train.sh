@@ -95,6 +95,7 @@ EOF
 case $mode in
 lists)
     lists
+    echo "${seen[@]}"            # last line: the lists' directories (bench/self_vs_sharegpt_ab.sh reads it)
     ;;
 prepare)
     lists

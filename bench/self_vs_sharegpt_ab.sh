@@ -15,10 +15,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python MOA=.venv/bin/moa-cpp
 BASE=${BASE:-moa_cpp/data/moa-smollm2-135m-instruct.gguf}
-SEED=${SEED:-11} GEN_MIN=${GEN_MIN:-8} STEPS=${STEPS:-250}
+SEED=${SEED:-11} GEN_MIN=${GEN_MIN:-6} STEPS=${STEPS:-250}
 HELDOUT=bench/data/heldout-s8
-ROUND=c10 bash bench/continue_train.sh lists >/dev/null           # out/cont/<earlier rounds>/
-SEEN=(out/cont/base-trained-on $(ls -d out/cont/c[0-9]* | grep -v -- -))
+# out/cont/<every round before c10>/ and out/cont/base-trained-on: what the shipped drafter read
+SEEN=($(ROUND=c10 bash bench/continue_train.sh lists | tail -1))
 DRAW="--target smollm2 --prompts sharegpt --sharegpt-turns all --seed $SEED --exclude-prompts $HELDOUT/data ${SEEN[*]}"
 mkdir -p out/sva
 

@@ -109,13 +109,12 @@ def compute_features_llama(target_path: str, ds: Dataset, cache_dir: Optional[Pa
             return FeatureStore(np.load(cache_dir / "lsa.npy", mmap_mode="r"), np.load(cache_dir / "hidden.npy"))
     lens = np.diff(ds.offsets)
     longest = int(lens.max()) if len(lens) else 1
-    # the vocabulary sizes the logits buffer: read from the GGUF's metadata (its token list when
-    # the architecture key is absent) instead of loading the whole model once more to ask it
+    # the vocabulary sizes the logits buffer: read from the GGUF's metadata (the architecture key,
+    # else the token list, else token_embd's rows) instead of loading the whole model to ask it;
+    # a GGUF with none of the three is one llama.cpp cannot load either
     n_vocab = read_target(target_path).vocab_size
     if n_vocab is None:
-        probe = Target.from_path(target_path, n_ctx=64, n_threads=1, install_callback=False)
-        n_vocab = probe.n_vocab
-        probe.close()
+        raise FormatError(f"{target_path}: no vocabulary (no vocab_size key, token list or token_embd.weight)")
     rows = feature_batch_rows(n_vocab, longest)
     tgt = Target.from_path(target_path, n_ctx=longest + 8, n_batch=rows, n_threads=threads,
                            n_gpu_layers=n_gpu_layers, n_seq_max=1)
