@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Issue 43 item 4: one more round of the SmolLM2 drafter lineage on self-written answers (the
+# target's own chat answers, written by llama.cpp: the recipe that won issue 43's A/B), continuing
+# from BASE. The round draws ShareGPT turns (every turn with its context, SEED's order) that no
+# earlier round, the shipped drafter or the common held-out set holds, and keeps its prompt list
+# next to its drafter (bench/data/round-ROUND-self/{drafter.gguf,prompts.jsonl}) so that later
+# rounds and scoring exclude it on any machine.
+#   ROUND=c11 BASE=bench/data/round-c10-self/drafter.gguf SEED=12 GEN_MIN=30 MINUTES=40 \
+#       bash bench/self_round.sh          (GEN_MIN + MINUTES + ~4 min of scoring, 2 cores, run alone)
+# PARALLEL (default 4) sequences share the 8192-cell context while answers are written: 4 leaves a
+# turn 1792 tokens of context (16, the trainer's default, leaves 256 and skips ~90 % of ShareGPT's
+# later turns, so a drafter never sees a long context; CNN/DM's 450-1200-token articles are where
+# it is weakest). A second held-out set drawn the same way (HELDOUT_LONG, 4 sequences, seed 13,
+# greedy) scores long contexts; it is made once, excluding every round so far, and committed.
+# Writes out/self/ROUND/ (data, features, checkpoint, train.log) and
+# bench/results/issue43-ROUND-self-{heldout-s8,heldout-long-s13}.json (held-out tau of BASE and the
+# new drafter on each set).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python MOA=.venv/bin/moa-cpp
+ROUND=${ROUND:?ROUND names this round, e.g. c11}
+BASE=${BASE:?BASE: the drafter GGUF this round continues}
+SEED=${SEED:?SEED: a ShareGPT order no earlier round used}
+GEN_MIN=${GEN_MIN:-30} MINUTES=${MINUTES:-40} EPOCHS=${EPOCHS:-4} THREADS=${THREADS:-2} PARALLEL=${PARALLEL:-4}
+HELDOUT=bench/data/heldout-s8 HELDOUT_LONG=bench/data/heldout-long-s13
+OUT=out/self/$ROUND KEEP=bench/data/round-$ROUND-self
+# what the shipped drafter and rounds c1-c9 read (regenerated in seconds), then every committed
+# self-written round's prompt list
+SEEN=($(ROUND=c10 bash bench/continue_train.sh lists | tail -1))
+for d in bench/data/round-*-self; do [ "$d" = "$KEEP" ] || SEEN+=("$d/prompts.jsonl"); done
+mkdir -p $OUT
+# 0. the long-context held-out set (once: ~8 min; a later round finds it committed)
+test -f $HELDOUT_LONG/data/manifest.json || $MOA train --target smollm2 --prompts sharegpt --sharegpt-turns all \
+    --seed 13 --n-samples 200 --greedy-fraction 1 --n-parallel 4 --data-minutes 10 --gen-threads $THREADS \
+    --exclude-prompts $HELDOUT/data "${SEEN[@]}" --out $HELDOUT_LONG --data-only 2>&1 | tr '\r' '\n' \
+    | grep -v "%|" > $OUT/heldout-long.log
+DRAW="--target smollm2 --prompts sharegpt --sharegpt-turns all --seed $SEED --n-parallel $PARALLEL
+      --exclude-prompts $HELDOUT/data $HELDOUT_LONG/data ${SEEN[*]}"
+
+# 1. the target writes its answers (its sampling mix: 70 % greedy, the rest sampled)
+# (the data settings are repeated in step 2 so that it reuses this dataset)
+SELF="--n-samples 20000 --data-minutes $GEN_MIN --gen-threads $THREADS"
+test -f $OUT/data/manifest.json || $MOA train $DRAW $SELF --out $OUT --data-only 2>&1 | tr '\r' '\n' | grep -v "%|" > $OUT/data.log
+# 2. continue BASE on them (features are computed by the first run and cached in $OUT/features)
+test -f $OUT/report.json || $MOA train $DRAW $SELF --out $OUT --init-from "$BASE" \
+    --minutes $MINUTES --epochs $EPOCHS --eval-every 0 --outtype q8_0 --threads $THREADS 2>&1 \
+    | tr '\r' '\n' | grep -v "%|" > $OUT/train.log
+mkdir -p $KEEP
+cp $OUT/drafter.gguf $KEEP/drafter.gguf
+cp $OUT/data/prompts.jsonl $KEEP/prompts.jsonl
+# 3. both held-out sets, paired: BASE against the new drafter (drops every conversation whose
+# prompt either trained on)
+for h in $HELDOUT $HELDOUT_LONG; do
+    $PY bench/heldout_tau.py --heldout $h/data "$BASE" $KEEP/drafter.gguf --exclude "${SEEN[@]}" \
+        --threads $THREADS --out bench/results/issue43-$ROUND-self-$(basename $h).json
+done
