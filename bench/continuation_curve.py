@@ -11,14 +11,17 @@ import json
 from pathlib import Path
 
 
-def points(files: list[str]) -> list[dict]:
-    """Every scored drafter with a training record, once (the latest file's score wins)."""
-    seen: dict[str, dict] = {}
+def points(files: list[str], skip: tuple[str, ...] = ()) -> list[dict]:
+    """Every scored drafter with a training record, once (the latest file's score wins). A drafter is
+    known by its cumulative token passes, not its path: the shipped file's path held a different
+    round in older files, and a round is scored under two paths once shipped. Runs whose path
+    contains a ``skip`` string (side branches of the lineage) are left out."""
+    seen: dict[int, dict] = {}
     for f in files:
         res = json.loads(Path(f).read_text())
         for r in res["rows"]:
-            if r.get("token_passes"):
-                seen[r["run"]] = {"run": r["run"], "token_passes": r["token_passes"], "steps": r.get("total_steps"),
+            if r.get("token_passes") and not any(s in r["run"] for s in skip):
+                seen[r["token_passes"]] = {"run": r["run"], "token_passes": r["token_passes"], "steps": r.get("total_steps"),
                                   "tau": r["tau"], "ci": r["tau_ci95"], "n": res["n_heldout"], "file": f}
     return sorted(seen.values(), key=lambda p: p["token_passes"])
 
@@ -27,8 +30,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="+")
     ap.add_argument("--out", required=True, help="PNG (a JSON of the points is written beside it)")
+    ap.add_argument("--skip", nargs="*", default=[], help="leave out runs whose path contains one of these")
     a = ap.parse_args()
-    pts = points(a.results)
+    pts = points(a.results, tuple(a.skip))
     out = Path(a.out)
     out.with_suffix(".json").write_text(json.dumps(pts, indent=2) + "\n")
     import matplotlib
@@ -43,7 +47,8 @@ def main() -> int:
     for p in pts:
         r = Path(p["run"])
         # a run's drafter.gguf is named by its directory, any other GGUF by its own name
-        ax.annotate((r.parent.name if r.stem == "drafter" else r.stem) if r.suffix == ".gguf" else r.name,
+        name = (r.parent.name if r.stem == "drafter" else r.stem) if r.suffix == ".gguf" else r.name
+        ax.annotate(f"{name}, {p['steps']} steps" if p.get("steps") else name,
                     (p["token_passes"], p["tau"]),
                     textcoords="offset points", xytext=(4, -12), fontsize=7)
     ax.set_xscale("log")

@@ -5,12 +5,14 @@
 # earlier round, the shipped drafter or the common held-out set holds, and keeps its prompt list
 # next to its drafter (bench/data/round-ROUND-self/{drafter.gguf,prompts.jsonl}) so that later
 # rounds and scoring exclude it on any machine.
-#   ROUND=c11 BASE=bench/data/round-c10-self/drafter.gguf SEED=12 GEN_MIN=30 MINUTES=40 \
-#       bash bench/self_round.sh          (GEN_MIN + MINUTES + ~4 min of scoring, 2 cores, run alone)
+#   ROUND=c11 BASE=bench/data/round-c10-self/drafter.gguf SEED=12 GEN_MIN=25 SHORT_MIN=10 MINUTES=35 \
+#       bash bench/self_round.sh   (GEN_MIN + SHORT_MIN + MINUTES + ~10 min of scoring, 2 cores, run alone)
 # PARALLEL (default 4) sequences share the 8192-cell context while answers are written: 4 leaves a
 # turn 1792 tokens of context (16, the trainer's default, leaves 256 and skips ~90 % of ShareGPT's
 # later turns, so a drafter never sees a long context; CNN/DM's 450-1200-token articles are where
-# it is weakest). A second held-out set drawn the same way (HELDOUT_LONG, 4 sequences, seed 13,
+# it is weakest). Long contexts are slow to answer (~40 response tok/s against ~155), so SHORT_MIN
+# more minutes write answers 16 at a time as well (a second dataset, trained on with --extra-data).
+# A second held-out set drawn the same way (HELDOUT_LONG, 4 sequences, seed 13,
 # greedy) scores long contexts; it is made once, excluding every round so far, and committed.
 # Writes out/self/ROUND/ (data, features, checkpoint, train.log) and
 # bench/results/issue43-ROUND-self-{heldout-s8,heldout-long-s13}.json (held-out tau of BASE and the
@@ -21,7 +23,7 @@ PY=.venv/bin/python MOA=.venv/bin/moa-cpp
 ROUND=${ROUND:?ROUND names this round, e.g. c11}
 BASE=${BASE:?BASE: the drafter GGUF this round continues}
 SEED=${SEED:?SEED: a ShareGPT order no earlier round used}
-GEN_MIN=${GEN_MIN:-30} MINUTES=${MINUTES:-40} EPOCHS=${EPOCHS:-4} THREADS=${THREADS:-2} PARALLEL=${PARALLEL:-4}
+GEN_MIN=${GEN_MIN:-25} SHORT_MIN=${SHORT_MIN:-10} MINUTES=${MINUTES:-35} EPOCHS=${EPOCHS:-4} THREADS=${THREADS:-2} PARALLEL=${PARALLEL:-4}
 HELDOUT=bench/data/heldout-s8 HELDOUT_LONG=bench/data/heldout-long-s13
 OUT=out/self/$ROUND KEEP=bench/data/round-$ROUND-self
 # what the shipped drafter and rounds c1-c9 read (regenerated in seconds), then every committed
@@ -41,16 +43,24 @@ DRAW="--target smollm2 --prompts sharegpt --sharegpt-turns all --seed $SEED --n-
 # (the data settings are repeated in step 2 so that it reuses this dataset)
 SELF="--n-samples 20000 --data-minutes $GEN_MIN --gen-threads $THREADS"
 test -f $OUT/data/manifest.json || $MOA train $DRAW $SELF --out $OUT --data-only 2>&1 | tr '\r' '\n' | grep -v "%|" > $OUT/data.log
+# 1b. short contexts, 16 at a time (the same order, minus what 1 drew)
+EXTRA=()
+if [ "$SHORT_MIN" != 0 ]; then
+    EXTRA=(--extra-data $OUT-short/data)
+    test -f $OUT-short/data/manifest.json || $MOA train ${DRAW/--n-parallel $PARALLEL/--n-parallel 16} $OUT/data \
+        --n-samples 20000 --data-minutes $SHORT_MIN --gen-threads $THREADS --out $OUT-short --data-only 2>&1 \
+        | tr '\r' '\n' | grep -v "%|" > $OUT-short-data.log
+fi
 # 2. continue BASE on them (features are computed by the first run and cached in $OUT/features)
-test -f $OUT/report.json || $MOA train $DRAW $SELF --out $OUT --init-from "$BASE" \
+test -f $OUT/report.json || $MOA train $DRAW $SELF "${EXTRA[@]}" --out $OUT --init-from "$BASE" \
     --minutes $MINUTES --epochs $EPOCHS --eval-every 0 --outtype q8_0 --threads $THREADS 2>&1 \
     | tr '\r' '\n' | grep -v "%|" > $OUT/train.log
 mkdir -p $KEEP
 cp $OUT/drafter.gguf $KEEP/drafter.gguf
-cp $OUT/data/prompts.jsonl $KEEP/prompts.jsonl
-# 3. both held-out sets, paired: BASE against the new drafter (drops every conversation whose
-# prompt either trained on)
+cat $OUT/data/prompts.jsonl $(test "$SHORT_MIN" = 0 || echo $OUT-short/data/prompts.jsonl) > $KEEP/prompts.jsonl
+# 3. both held-out sets, paired with the shipped drafter: it, BASE and the new drafter (drops every
+# conversation whose prompt any of them trained on)
 for h in $HELDOUT $HELDOUT_LONG; do
-    $PY bench/heldout_tau.py --heldout $h/data "$BASE" $KEEP/drafter.gguf --exclude "${SEEN[@]}" \
+    $PY bench/heldout_tau.py --heldout $h/data moa_cpp/data/moa-smollm2-135m-instruct.gguf "$BASE" $KEEP/drafter.gguf --exclude "${SEEN[@]}" \
         --threads $THREADS --out bench/results/issue43-$ROUND-self-$(basename $h).json
 done
