@@ -39,22 +39,22 @@ def main() -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     x = [p["token_passes"] for p in pts]
     y = [p["tau"] for p in pts]
     err = [[p["tau"] - p["ci"][0] for p in pts], [p["ci"][1] - p["tau"] for p in pts]]
     ax.errorbar(x, y, yerr=err, fmt="o-", capsize=4)
-    for p in pts:
+    for i, p in enumerate(pts):
         r = Path(p["run"])
         # a run's drafter.gguf is named by its directory, any other GGUF by its own name
         name = (r.parent.name if r.stem == "drafter" else r.stem) if r.suffix == ".gguf" else r.name
         ax.annotate(f"{name}, {p['steps']} steps" if p.get("steps") else name,
                     (p["token_passes"], p["tau"]),
-                    textcoords="offset points", xytext=(4, -12), fontsize=7)
+                    textcoords="offset points", xytext=(4, -12 if i % 2 else 6), fontsize=7)  # neighbours apart
     ax.set_xscale("log")
     ax.set_xlabel("cumulative token passes (response tokens seen in training, all runs)")
     ax.set_ylabel("common held-out chain-4 tau")
-    ax.set_title(f"SmolLM2 drafter across continuations ({pts[0]['n'] if pts else 0} held-out conversations)")
+    ax.set_title(f"SmolLM2 drafter across continuations ({pts[0]['n'] if pts else 0} held-out conversations)", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
