@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import eval_prompts  # noqa: E402
+from _common import EVAL_DIR, eval_prompts  # noqa: E402
 
 
 def main() -> int:
@@ -28,7 +28,7 @@ def main() -> int:
     ap.add_argument("results", help="a run_eval.py results JSON")
     ap.add_argument("record", type=int, help="index into its records (the prompt)")
     ap.add_argument("method", help='the diverging method, e.g. "ngram chain:4"')
-    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"))
+    ap.add_argument("--data", default=str(EVAL_DIR))
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     import llama_cpp

@@ -31,36 +31,40 @@ OUT=out/self/$ROUND KEEP=bench/data/round-$ROUND-self
 SEEN=($(ROUND=c10 bash bench/continue_train.sh lists | tail -1))
 for d in bench/data/round-*-self; do [ "$d" = "$KEEP" ] || SEEN+=("$d/prompts.jsonl"); done
 mkdir -p $OUT
+quiet() {  # LOG, command...: the command's log without tqdm's progress lines
+    local log=$1; shift
+    "$@" 2>&1 | tr '\r' '\n' | grep -v "%|" > "$log"
+}
 # 0. the long-context held-out set (once: ~8 min; a later round finds it committed)
-test -f $HELDOUT_LONG/data/manifest.json || $MOA train --target smollm2 --prompts sharegpt --sharegpt-turns all \
-    --seed 13 --n-samples 200 --greedy-fraction 1 --n-parallel 4 --data-minutes 10 --gen-threads $THREADS \
-    --exclude-prompts $HELDOUT/data "${SEEN[@]}" --out $HELDOUT_LONG --data-only 2>&1 | tr '\r' '\n' \
-    | grep -v "%|" > $OUT/heldout-long.log
-DRAW="--target smollm2 --prompts sharegpt --sharegpt-turns all --seed $SEED --n-parallel $PARALLEL
+test -f $HELDOUT_LONG/data/manifest.json || quiet $OUT/heldout-long.log $MOA train --target smollm2 --prompts sharegpt \
+    --sharegpt-turns all --seed 13 --n-samples 200 --greedy-fraction 1 --n-parallel 4 --data-minutes 10 \
+    --gen-threads $THREADS --exclude-prompts $HELDOUT/data "${SEEN[@]}" --out $HELDOUT_LONG --data-only
+DRAW="--target smollm2 --prompts sharegpt --sharegpt-turns all --seed $SEED
       --exclude-prompts $HELDOUT/data $HELDOUT_LONG/data ${SEEN[*]}"
 
 # 1. the target writes its answers (its sampling mix: 70 % greedy, the rest sampled)
 # (the data settings are repeated in step 2 so that it reuses this dataset)
-SELF="--n-samples 20000 --data-minutes $GEN_MIN --gen-threads $THREADS"
-test -f $OUT/data/manifest.json || $MOA train $DRAW $SELF --out $OUT --data-only 2>&1 | tr '\r' '\n' | grep -v "%|" > $OUT/data.log
+SELF="--n-parallel $PARALLEL --n-samples 20000 --data-minutes $GEN_MIN --gen-threads $THREADS"
+test -f $OUT/data/manifest.json || quiet $OUT/data.log $MOA train $DRAW $SELF --out $OUT --data-only
 # 1b. short contexts, 16 at a time (the same order, minus what 1 drew)
 EXTRA=()
 if [ "$SHORT_MIN" != 0 ]; then
     EXTRA=(--extra-data $OUT-short/data)
-    test -f $OUT-short/data/manifest.json || $MOA train ${DRAW/--n-parallel $PARALLEL/--n-parallel 16} $OUT/data \
-        --n-samples 20000 --data-minutes $SHORT_MIN --gen-threads $THREADS --out $OUT-short --data-only 2>&1 \
-        | tr '\r' '\n' | grep -v "%|" > $OUT-short-data.log
+    test -f $OUT-short/data/manifest.json || quiet $OUT-short-data.log $MOA train $DRAW $OUT/data --n-parallel 16 \
+        --n-samples 20000 --data-minutes $SHORT_MIN --gen-threads $THREADS --out $OUT-short --data-only
 fi
 # 2. continue BASE on them (features are computed by the first run and cached in $OUT/features)
-test -f $OUT/report.json || $MOA train $DRAW $SELF "${EXTRA[@]}" --out $OUT --init-from "$BASE" \
-    --minutes $MINUTES --epochs $EPOCHS --eval-every 0 --outtype q8_0 --threads $THREADS 2>&1 \
-    | tr '\r' '\n' | grep -v "%|" > $OUT/train.log
+test -f $OUT/report.json || quiet $OUT/train.log $MOA train $DRAW $SELF "${EXTRA[@]}" --out $OUT --init-from "$BASE" \
+    --minutes $MINUTES --epochs $EPOCHS --eval-every 0 --outtype q8_0 --threads $THREADS
 mkdir -p $KEEP
 cp $OUT/drafter.gguf $KEEP/drafter.gguf
 cat $OUT/data/prompts.jsonl $(test "$SHORT_MIN" = 0 || echo $OUT-short/data/prompts.jsonl) > $KEEP/prompts.jsonl
-# 3. both held-out sets, paired with the shipped drafter: it, BASE and the new drafter (drops every
-# conversation whose prompt any of them trained on)
+# 3. both held-out sets, paired with the shipped drafter: it (unless it is BASE or the new drafter:
+# the same file would be scored twice), BASE and the new drafter (drops every conversation whose
+# prompt any of them trained on)
+SHIPPED=moa_cpp/data/moa-smollm2-135m-instruct.gguf RUNS=("$BASE" $KEEP/drafter.gguf)
+cmp -s $SHIPPED "$BASE" || cmp -s $SHIPPED $KEEP/drafter.gguf || RUNS=($SHIPPED "${RUNS[@]}")
 for h in $HELDOUT $HELDOUT_LONG; do
-    $PY bench/heldout_tau.py --heldout $h/data moa_cpp/data/moa-smollm2-135m-instruct.gguf "$BASE" $KEEP/drafter.gguf --exclude "${SEEN[@]}" \
+    $PY bench/heldout_tau.py --heldout $h/data "${RUNS[@]}" --exclude "${SEEN[@]}" \
         --threads $THREADS --out bench/results/issue43-$ROUND-self-$(basename $h).json
 done
