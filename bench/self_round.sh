@@ -6,12 +6,16 @@
 # next to its drafter (bench/data/round-ROUND-self/{drafter.gguf,prompts.jsonl}) so that later
 # rounds and scoring exclude it on any machine.
 #   ROUND=c11 BASE=bench/data/round-c10-self/drafter.gguf SEED=12 GEN_MIN=25 SHORT_MIN=10 MINUTES=35 \
-#       bash bench/self_round.sh   (GEN_MIN + SHORT_MIN + MINUTES + ~10 min of scoring, 2 cores, run alone)
+#       bash bench/self_round.sh
+#   ROUND=c12 BASE=bench/data/round-c11-self/drafter.gguf SEED=14 GEN_MIN=25 SHORT_MIN=12 CODE_SHARE=0.5 \
+#       MINUTES=35 bash bench/self_round.sh   (GEN_MIN + SHORT_MIN + MINUTES + ~10 min of scoring, 2 cores, run alone)
 # PARALLEL (default 4) sequences share the 8192-cell context while answers are written: 4 leaves a
 # turn 1792 tokens of context (16, the trainer's default, leaves 256 and skips ~90 % of ShareGPT's
 # later turns, so a drafter never sees a long context; CNN/DM's 450-1200-token articles are where
 # it is weakest). Long contexts are slow to answer (~40 response tok/s against ~155), so SHORT_MIN
-# more minutes write answers 16 at a time as well (a second dataset, trained on with --extra-data).
+# more minutes write answers 16 at a time as well (a second dataset, trained on with --extra-data);
+# CODE_SHARE (e.g. 0.5; default: as drawn) makes that share of them turns ShareGPT answered with code
+# (chat answers carry little code: HumanEval's tau fell over the self-written rounds c10-c11).
 # A second held-out set drawn the same way (HELDOUT_LONG, 4 sequences, seed 13,
 # greedy) scores long contexts; it is made once, excluding every round so far, and committed.
 # Writes out/self/ROUND/ (data, features, checkpoint, train.log) and
@@ -23,7 +27,7 @@ PY=.venv/bin/python MOA=.venv/bin/moa-cpp
 ROUND=${ROUND:?ROUND names this round, e.g. c11}
 BASE=${BASE:?BASE: the drafter GGUF this round continues}
 SEED=${SEED:?SEED: a ShareGPT order no earlier round used}
-GEN_MIN=${GEN_MIN:-25} SHORT_MIN=${SHORT_MIN:-10} MINUTES=${MINUTES:-35} EPOCHS=${EPOCHS:-4} THREADS=${THREADS:-2} PARALLEL=${PARALLEL:-4}
+GEN_MIN=${GEN_MIN:-25} SHORT_MIN=${SHORT_MIN:-10} CODE_SHARE=${CODE_SHARE:-} MINUTES=${MINUTES:-35} EPOCHS=${EPOCHS:-4} THREADS=${THREADS:-2} PARALLEL=${PARALLEL:-4}
 HELDOUT=bench/data/heldout-s8 HELDOUT_LONG=bench/data/heldout-long-s13
 OUT=out/self/$ROUND KEEP=bench/data/round-$ROUND-self
 # what the shipped drafter and rounds c1-c9 read (regenerated in seconds), then every committed
@@ -51,7 +55,8 @@ EXTRA=()
 if [ "$SHORT_MIN" != 0 ]; then
     EXTRA=(--extra-data $OUT-short/data)
     test -f $OUT-short/data/manifest.json || quiet $OUT-short-data.log $MOA train $DRAW $OUT/data --n-parallel 16 \
-        --n-samples 20000 --data-minutes $SHORT_MIN --gen-threads $THREADS --out $OUT-short --data-only
+        --n-samples 20000 --data-minutes $SHORT_MIN --gen-threads $THREADS ${CODE_SHARE:+--code-share $CODE_SHARE} \
+        --out $OUT-short --data-only
 fi
 # 2. continue BASE on them (features are computed by the first run and cached in $OUT/features)
 test -f $OUT/report.json || quiet $OUT/train.log $MOA train $DRAW $SELF "${EXTRA[@]}" --out $OUT --init-from "$BASE" \

@@ -285,12 +285,58 @@ def test_code_share_mixes_code_answers_in_drawn_order() -> None:
         code_first(pool, 10, 1.5)
 
 
-def test_train_cli_rejects_code_share_without_fixed_answers(tmp_path: Path) -> None:
+def test_train_cli_rejects_code_share_without_sharegpt_data(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from moa_cpp.cli import main
 
-    assert main(["train", "--target", "smollm2", "--out", str(tmp_path), "--code-share", "0.5"]) == 2
-    assert main(["train", "--target", "smollm2", "--out", str(tmp_path), "--fixed-answers", "4",
-                 "--code-share", "2"]) == 2
+    base = ["train", "--target", "smollm2", "--out", str(tmp_path)]
+    assert main(base + ["--code-share", "0.5"]) == 2        # self-generated prompts: nothing to steer
+    assert "--code-share 0.5" in capsys.readouterr().err
+    assert main(base + ["--fixed-answers", "4", "--code-share", "2"]) == 2
+    assert "--code-share 2" in capsys.readouterr().err
+    # ShareGPT prompts the target answers take it: the next check (--t-range) is the one that fails
+    assert main(base + ["--prompts", "sharegpt:5", "--code-share", "0.5", "--t-range", "1", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--t-range" in err and "--code-share" not in err
+
+
+def test_code_interleave_holds_the_share_in_every_prefix() -> None:
+    items = [f"c{i}" if i % 5 == 0 else f"p{i}" for i in range(100)]      # 20 code items, in drawn order
+    is_code = lambda x: x.startswith("c")  # noqa: E731
+    out = sg.code_interleave(items, is_code, 0.5)
+    assert sorted(out) == sorted(items)                                  # a reordering, nothing lost
+    for k in range(1, 41):                                               # while both kinds last
+        assert abs(sum(map(is_code, out[:k])) - 0.5 * k) <= 0.5
+    assert out[40:] == [x for x in items if not is_code(x)][20:]          # code used up: the prose follows
+    assert [x for x in out if is_code(x)] == [x for x in items if is_code(x)]   # each kind keeps its order
+    assert [x for x in out if not is_code(x)] == [x for x in items if not is_code(x)]
+    assert sg.code_interleave(items, is_code, 0.0)[:80] == [x for x in items if not is_code(x)]
+    assert sg.code_interleave(items, is_code, 1.0)[:20] == [x for x in items if is_code(x)]
+    with pytest.raises(ValueError, match="fraction"):
+        sg.code_interleave(items, is_code, -0.1)
+
+
+def test_sharegpt_prompts_steered_by_code_answers() -> None:
+    """``code_share``: turns whose ShareGPT answer holds a fenced block make that share of the draw; the
+    prompts are the same messages as without it, and the seeded order holds within each kind."""
+    recs = [{"id": f"r{i}", "conversations": [
+        {"from": "human", "value": f"question {i}"},
+        {"from": "gpt", "value": f"```python\nprint({i})\n```" if i % 4 == 0 else f"an answer {i}"},
+        {"from": "human", "value": f"follow-up {i}"}]} for i in range(40)]
+    text, _ = _array_text(recs)
+    load = lambda **kw: sg.load_sharegpt_prompts(None, filter_eval=False, source=io.StringIO(text), seed=5,  # noqa: E731
+                                                 turns="all", **kw)
+    plain = load()
+    st = sg.ReadStats()
+    steered = load(code_share=0.5, stats=st)
+    assert sorted(map(json.dumps, steered)) == sorted(map(json.dumps, plain))
+    is_code = lambda m: len(m) == 1 and int(m[0]["content"].split()[1]) % 4 == 0  # noqa: E731
+    assert sum(map(is_code, steered[:20])) == 10 and sum(map(is_code, plain[:20])) < 10
+    assert [m for m in steered if is_code(m)] == [m for m in plain if is_code(m)]
+    assert st.code_prompts == 10             # the follow-ups have no answer: only the 10 first turns count
+    first = sg.load_sharegpt_prompts(4, filter_eval=False, source=io.StringIO(text), seed=5, code_share=1.0)
+    assert all(is_code(m) for m in first)
+    pairs = list(sg.human_prompts(sg.iter_conversations(io.StringIO(text)), turns="all", with_answers=True))
+    assert pairs[0][1].startswith("```") and pairs[1] == (pairs[1][0], "")   # the follow-up was never answered
 
 
 def _shipped() -> Path:

@@ -61,8 +61,9 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
                         "feature pass and gives its soft labels; ~4x more tokens per second than generating on a "
                         "2-core CPU); stored in OUT/data-fixed; --sharegpt-turns picks first answers or all")
     p.add_argument("--code-share", type=float, default=None, metavar="F",
-                   help="fixed answers: make this fraction of them answers with a fenced code block (ShareGPT has "
-                        "~1/5; e.g. 0.5 for a code target such as Qwen2.5-Coder); default: as drawn")
+                   help="ShareGPT data: make this fraction of the fixed answers, and of the prompts the target "
+                        "answers (those ShareGPT answered with code), hold a fenced code block (ShareGPT has ~1/5; "
+                        "e.g. 0.5 for a code target such as Qwen2.5-Coder); default: as drawn")
     p.add_argument("--no-chat", dest="chat", action="store_false",
                    help="self-distilled data on the raw prompt text, without the chat template (base models, which "
                         "users prompt with plain text; default: the chat template)")
@@ -351,6 +352,12 @@ def _check_feature_source(args: argparse.Namespace, target: str) -> None:
                                        f"and the features of {arch!r} come from llama.cpp here")
 
 
+def _sharegpt_spec(args: argparse.Namespace) -> bool:
+    """The prompts the target answers include ShareGPT's (``--prompts sharegpt[:N]``)."""
+    from .sharegpt import is_prompt_spec
+    return any(is_prompt_spec(str(p)) for p in (args.prompts or []))
+
+
 def _checked_inputs(args: argparse.Namespace, target: str) -> tuple:
     """Every argument, the ``--init-from`` drafter and the prompt sources checked before the (long)
     data generation: (init drafter or None, drafter spec, excluded prompt keys, device, bf16)."""
@@ -379,8 +386,10 @@ def _checked_inputs(args: argparse.Namespace, target: str) -> tuple:
         raise InvalidArgumentError(f"--exclude-prompts: {e}") from None
     if args.n_samples == 0 and args.fixed_answers == 0 and not args.extra_data:
         raise InvalidArgumentError("no training data: --n-samples 0 needs --fixed-answers N or --extra-data")
-    if args.code_share is not None and not (0.0 <= args.code_share <= 1.0 and args.fixed_answers):
-        raise InvalidArgumentError(f"--code-share {args.code_share}: a fraction in [0, 1], with --fixed-answers N")
+    if args.code_share is not None and not (0.0 <= args.code_share <= 1.0
+                                            and (args.fixed_answers or _sharegpt_spec(args))):
+        raise InvalidArgumentError(f"--code-share {args.code_share}: a fraction in [0, 1], with --fixed-answers N "
+                                   "or --prompts sharegpt[:N]")
     if not 2 <= args.t_range[0] <= args.t_range[1]:
         raise InvalidArgumentError(f"--t-range {args.t_range[0]} {args.t_range[1]}: need 2 <= MIN <= MAX")
     if not 0.0 <= args.staircase_until <= 1.0:
@@ -419,7 +428,8 @@ def _make_data(args: argparse.Namespace, target: str, out: Path, exclude: frozen
     dset = DataSettings(seed=args.seed, n_samples=args.n_samples, minutes=args.data_minutes,
                         n_parallel=args.n_parallel, max_new_tokens=args.max_new_tokens,
                         greedy_fraction=args.greedy_fraction, n_threads=args.gen_threads,
-                        n_gpu_layers=args.n_gpu_layers, chat=args.chat, sharegpt_turns=args.sharegpt_turns)
+                        n_gpu_layers=args.n_gpu_layers, chat=args.chat, sharegpt_turns=args.sharegpt_turns,
+                        code_share=args.code_share if _sharegpt_spec(args) else None)
     parts, names = [], []
     if args.n_samples:
         names.append("self-distilled")

@@ -8,6 +8,7 @@ This module imports no torch and no llama.cpp.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 __all__ = ["Conversation", "Messages", "ReadStats"]
 
@@ -30,6 +31,7 @@ class ReadStats:
     skipped_turns: int = 0      # human turns or answers dropped: empty / over a length limit
     prompts: int = 0            # prompts (or pairs) yielded
     excluded: int = 0           # prompts (or pairs) dropped by drop_prompts (e.g. a held-out set's)
+    code_prompts: Optional[int] = None  # with a code share: prompts taken whose dataset answer holds code
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)

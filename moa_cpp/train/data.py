@@ -57,6 +57,7 @@ class DataSettings:
     round_size: int = 128               # self-generated instructions per round (then their responses)
     chat: bool = True                   # wrap prompts in the chat template (False: raw text, e.g. base models)
     sharegpt_turns: str = "first"       # ShareGPT prompts: first human turn, or "all" (each with its context)
+    code_share: Optional[float] = None  # ShareGPT prompts: share of every prefix answered with code there (None: as drawn)
     exclude_sha256: Optional[str] = None  # of the sorted prompt keys never used (--exclude-prompts)
 
     def prompt_room(self, n_ctx: Optional[int] = None) -> int:
@@ -208,9 +209,10 @@ def generate_dataset(target_path: str | os.PathLike[str], out_dir: str | os.Path
     file_users: Optional[list[Prompt]] = None
     if prompt_files:    # before the model loads: a bad spec or a missing file fails at once
         file_users, sharegpt_info = load_prompts(prompt_files, seed=st.seed, sharegpt_turns=st.sharegpt_turns,
-                                                 eval_dir=eval_dir, log=log, exclude=exclude)
-        order = rng.permutation(len(file_users))
-        file_users = [file_users[j] for j in order]
+                                                 eval_dir=eval_dir, log=log, exclude=exclude, code_share=st.code_share)
+        order = rng.permutation(len(file_users))    # drawn even when unused: the sampling rng stays the same
+        if st.code_share is None:   # a code share's order is kept, so that a time-bounded draw holds that share
+            file_users = [file_users[j] for j in order]
     rounds = _Rounds(target_path, st, rng, t_start + st.minutes * 60 if st.minutes else None, log)
     try:
         users, prompts, resp, greedy = rounds.run(file_users, t_start)

