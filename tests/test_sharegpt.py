@@ -407,6 +407,13 @@ def test_generate_dataset_from_sharegpt(tmp_path: Path, monkeypatch: pytest.Monk
         for i, m in enumerate(msgs):
             want = tg.tokenize(tg.apply_chat_template(m), add_bos=False, special=True)
             np.testing.assert_array_equal(ds.sample(i)[:int(ds.prompt_len[i])], want)
+    # a context share no prompt fits (1024 cells / 4 sequences - 250 response tokens = 6): a clear error,
+    # no empty dataset saved (it would train nothing, and be reused)
+    tight = DataSettings(n_samples=4, max_new_tokens=250, n_parallel=4, n_threads=1, n_ctx=1024, sharegpt_turns="all")
+    with pytest.raises(ValueError, match=r"no conversation was written: all 6 prompts are longer than the 6 tokens"):
+        generate_dataset(smollm2_path(), tmp_path / "tight", tight, prompt_files=["sharegpt:6"], log=lambda s: None,
+                         eval_dir=_eval_dir())
+    assert not (tmp_path / "tight" / "manifest.json").exists()
 
 
 @pytest.mark.model

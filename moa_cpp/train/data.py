@@ -219,6 +219,12 @@ def generate_dataset(target_path: str | os.PathLike[str], out_dir: str | os.Path
     finally:
         rounds.tg.close()
     keep = [i for i, r in enumerate(resp) if r]
+    if not keep:    # an empty dataset trains nothing: say why rather than save it
+        why = ("the time budget ran out before an answer was finished" if users else
+               f"all {rounds.n_skipped} prompts are longer than the {rounds.room} tokens each of {st.n_parallel} "
+               f"sequences leaves a prompt (n_ctx {st.n_ctx}; fewer --n-parallel leave more)" if rounds.n_skipped else
+               "no prompt to answer (all excluded?)")
+        raise ValueError(f"no conversation was written: {why}")
     ds = _conversations(prompts, resp, greedy, keep)
     np.savez(out / "data.npz", tokens=ds.tokens, offsets=ds.offsets, prompt_len=ds.prompt_len, greedy=ds.greedy)
     (out / "prompts.jsonl").write_text("".join(json.dumps({"prompt": users[i]} if isinstance(users[i], str) else
