@@ -7,15 +7,17 @@
 # rounds and scoring exclude it on any machine.
 #   ROUND=c11 BASE=bench/data/round-c10-self/drafter.gguf SEED=12 GEN_MIN=25 SHORT_MIN=10 MINUTES=35 \
 #       bash bench/self_round.sh
-#   ROUND=c12 BASE=bench/data/round-c11-self/drafter.gguf SEED=14 GEN_MIN=25 SHORT_MIN=12 CODE_SHARE=0.5 \
-#       MINUTES=35 bash bench/self_round.sh   (GEN_MIN + SHORT_MIN + MINUTES + ~10 min of scoring, 2 cores, run alone)
+#   ROUND=c12 BASE=bench/data/round-c11-self/drafter.gguf SEED=14 GEN_MIN=25 SHORT_MIN=12 MINUTES=35 \
+#       bash bench/self_round.sh   (GEN_MIN + SHORT_MIN + MINUTES + ~10 min of scoring, 2 cores, run alone)
 # PARALLEL (default 4) sequences share the 8192-cell context while answers are written: 4 leaves a
 # turn 1792 tokens of context (16, the trainer's default, leaves 256 and skips ~90 % of ShareGPT's
 # later turns, so a drafter never sees a long context; CNN/DM's 450-1200-token articles are where
 # it is weakest). Long contexts are slow to answer (~40 response tok/s against ~155), so SHORT_MIN
 # more minutes write answers 16 at a time as well (a second dataset, trained on with --extra-data);
-# CODE_SHARE (e.g. 0.5; default: as drawn) makes that share of them turns ShareGPT answered with code
-# (chat answers carry little code: HumanEval's tau fell over the self-written rounds c10-c11).
+# CODE_SHARE (e.g. 0.5; default: as drawn) makes that share of the turns of both stages ones ShareGPT
+# answered with code (chat answers carry little code: HumanEval's tau fell over rounds c10-c11).
+# REPLAY: data directories of earlier rounds trained on again (e.g. "out/self/c11-short/data
+# out/sva/self/data": round c12 trained on long contexts alone and lost 0.11 on short held-out turns).
 # A second held-out set drawn the same way (HELDOUT_LONG, 4 sequences, seed 13,
 # greedy) scores long contexts; it is made once, excluding every round so far, and committed.
 # Writes out/self/ROUND/ (data, features, checkpoint, train.log) and
@@ -48,22 +50,25 @@ DRAW="--target smollm2 --prompts sharegpt --sharegpt-turns all --seed $SEED
 
 # 1. the target writes its answers (its sampling mix: 70 % greedy, the rest sampled)
 # (the data settings are repeated in step 2 so that it reuses this dataset)
-SELF="--n-parallel $PARALLEL --n-samples 20000 --data-minutes $GEN_MIN --gen-threads $THREADS"
+SELF="--n-parallel $PARALLEL --n-samples 20000 --data-minutes $GEN_MIN --gen-threads $THREADS ${CODE_SHARE:+--code-share $CODE_SHARE}"
 test -f $OUT/data/manifest.json || quiet $OUT/data.log $MOA train $DRAW $SELF --out $OUT --data-only
 # 1b. short contexts, 16 at a time (the same order, minus what 1 drew)
+# (none may be left: after round c11 no unseen ShareGPT turn fits 256 tokens; the round then trains on 1 alone)
 EXTRA=()
+[ -z "${REPLAY:-}" ] || EXTRA=(--extra-data $REPLAY)
 if [ "$SHORT_MIN" != 0 ]; then
-    EXTRA=(--extra-data $OUT-short/data)
     test -f $OUT-short/data/manifest.json || quiet $OUT-short-data.log $MOA train $DRAW $OUT/data --n-parallel 16 \
         --n-samples 20000 --data-minutes $SHORT_MIN --gen-threads $THREADS ${CODE_SHARE:+--code-share $CODE_SHARE} \
-        --out $OUT-short --data-only
+        --out $OUT-short --data-only || tail -1 $OUT-short-data.log >&2
+    if test -f $OUT-short/data/manifest.json; then EXTRA=(--extra-data ${REPLAY:-} $OUT-short/data); fi
 fi
 # 2. continue BASE on them (features are computed by the first run and cached in $OUT/features)
 test -f $OUT/report.json || quiet $OUT/train.log $MOA train $DRAW $SELF "${EXTRA[@]}" --out $OUT --init-from "$BASE" \
     --minutes $MINUTES --epochs $EPOCHS --eval-every 0 --outtype q8_0 --threads $THREADS
 mkdir -p $KEEP
 cp $OUT/drafter.gguf $KEEP/drafter.gguf
-cat $OUT/data/prompts.jsonl $(test "$SHORT_MIN" = 0 || echo $OUT-short/data/prompts.jsonl) > $KEEP/prompts.jsonl
+cat $OUT/data/prompts.jsonl $(test -f $OUT-short/data/manifest.json && echo $OUT-short/data/prompts.jsonl) \
+    > $KEEP/prompts.jsonl     # (what REPLAY holds is in earlier rounds' lists)
 # 3. both held-out sets, paired with the shipped drafter: it (unless it is BASE or the new drafter:
 # the same file would be scored twice), BASE and the new drafter (drops every conversation whose
 # prompt any of them trained on)
