@@ -323,8 +323,8 @@ def test_sharegpt_prompts_steered_by_code_answers() -> None:
         {"from": "gpt", "value": f"```python\nprint({i})\n```" if i % 4 == 0 else f"an answer {i}"},
         {"from": "human", "value": f"follow-up {i}"}]} for i in range(40)]
     text, _ = _array_text(recs)
-    load = lambda **kw: sg.load_sharegpt_prompts(None, filter_eval=False, source=io.StringIO(text), seed=5,  # noqa: E731
-                                                 turns="all", **kw)
+    def load(**kw):
+        return sg.load_sharegpt_prompts(None, filter_eval=False, source=io.StringIO(text), seed=5, turns="all", **kw)
     plain = load()
     st = sg.ReadStats()
     steered = load(code_share=0.5, stats=st)

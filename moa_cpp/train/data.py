@@ -57,7 +57,7 @@ class DataSettings:
     round_size: int = 128               # self-generated instructions per round (then their responses)
     chat: bool = True                   # wrap prompts in the chat template (False: raw text, e.g. base models)
     sharegpt_turns: str = "first"       # ShareGPT prompts: first human turn, or "all" (each with its context)
-    code_share: Optional[float] = None  # ShareGPT prompts: share of every prefix answered with code there (None: as drawn)
+    code_share: Optional[float] = None  # ShareGPT prompts: share of every prefix ShareGPT answered with code
     exclude_sha256: Optional[str] = None  # of the sorted prompt keys never used (--exclude-prompts)
 
     def prompt_room(self, n_ctx: Optional[int] = None) -> int:
