@@ -9,6 +9,8 @@
 #       bash bench/self_round.sh
 #   ROUND=c12 BASE=bench/data/round-c11-self/drafter.gguf SEED=14 GEN_MIN=25 SHORT_MIN=12 MINUTES=35 \
 #       bash bench/self_round.sh   (GEN_MIN + SHORT_MIN + MINUTES + ~10 min of scoring, 2 cores, run alone)
+#   ROUND=c13 BASE=bench/data/round-c12b-self/drafter.gguf SEED=15 GEN_MIN=25 SHORT_MIN=10 SHORT_PROMPTS=self \
+#       REPLAY="out/self/c11-short/data out/sva/self/data" CODE_SHARE=0.5 MINUTES=25 bash bench/self_round.sh
 # PARALLEL (default 4) sequences share the 8192-cell context while answers are written: 4 leaves a
 # turn 1792 tokens of context (16, the trainer's default, leaves 256 and skips ~90 % of ShareGPT's
 # later turns, so a drafter never sees a long context; CNN/DM's 450-1200-token articles are where
@@ -16,6 +18,9 @@
 # more minutes write answers 16 at a time as well (a second dataset, trained on with --extra-data);
 # CODE_SHARE (e.g. 0.5; default: as drawn) makes that share of the turns of both stages ones ShareGPT
 # answered with code (chat answers carry little code: HumanEval's tau fell over rounds c10-c11).
+# SHORT_PROMPTS=self: the short stage's prompts are written by the target itself (its chat template's
+# user prefix, then it samples the user turn: `moa-cpp train` without --prompts), since after round
+# c11 ShareGPT has no unseen turn that fits 256 tokens (default: sharegpt, the same draw as stage 1).
 # REPLAY: data directories of earlier rounds trained on again (e.g. "out/self/c11-short/data
 # out/sva/self/data": round c12 trained on long contexts alone and lost 0.11 on short held-out turns).
 # A second held-out set drawn the same way (HELDOUT_LONG, 4 sequences, seed 13,
@@ -29,7 +34,7 @@ PY=.venv/bin/python MOA=.venv/bin/moa-cpp
 ROUND=${ROUND:?ROUND names this round, e.g. c11}
 BASE=${BASE:?BASE: the drafter GGUF this round continues}
 SEED=${SEED:?SEED: a ShareGPT order no earlier round used}
-GEN_MIN=${GEN_MIN:-25} SHORT_MIN=${SHORT_MIN:-10} CODE_SHARE=${CODE_SHARE:-} MINUTES=${MINUTES:-35} EPOCHS=${EPOCHS:-4} THREADS=${THREADS:-2} PARALLEL=${PARALLEL:-4}
+GEN_MIN=${GEN_MIN:-25} SHORT_MIN=${SHORT_MIN:-10} SHORT_PROMPTS=${SHORT_PROMPTS:-sharegpt} CODE_SHARE=${CODE_SHARE:-} MINUTES=${MINUTES:-35} EPOCHS=${EPOCHS:-4} THREADS=${THREADS:-2} PARALLEL=${PARALLEL:-4}
 HELDOUT=bench/data/heldout-s8 HELDOUT_LONG=bench/data/heldout-long-s13
 OUT=out/self/$ROUND KEEP=bench/data/round-$ROUND-self
 # what the shipped drafter and rounds c1-c9 read (regenerated in seconds), then every committed
@@ -53,12 +58,18 @@ DRAW="--target smollm2 --prompts sharegpt --sharegpt-turns all --seed $SEED
 SELF="--n-parallel $PARALLEL --n-samples 20000 --data-minutes $GEN_MIN --gen-threads $THREADS ${CODE_SHARE:+--code-share $CODE_SHARE}"
 test -f $OUT/data/manifest.json || quiet $OUT/data.log $MOA train $DRAW $SELF --out $OUT --data-only
 # 1b. short contexts, 16 at a time (the same order, minus what 1 drew)
-# (none may be left: after round c11 no unseen ShareGPT turn fits 256 tokens; the round then trains on 1 alone)
+# (none may be left: after round c11 no unseen ShareGPT turn fits 256 tokens; the round then trains on 1
+# alone, unless SHORT_PROMPTS=self has the target write the prompts too)
 EXTRA=()
 [ -z "${REPLAY:-}" ] || EXTRA=(--extra-data $REPLAY)
+case $SHORT_PROMPTS in
+    sharegpt) SHORT=($DRAW $OUT/data ${CODE_SHARE:+--code-share $CODE_SHARE}) ;;
+    self) SHORT=(--target smollm2 --seed $SEED) ;;
+    *) echo "SHORT_PROMPTS: sharegpt or self, not $SHORT_PROMPTS" >&2; exit 2 ;;
+esac
 if [ "$SHORT_MIN" != 0 ]; then
-    test -f $OUT-short/data/manifest.json || quiet $OUT-short-data.log $MOA train $DRAW $OUT/data --n-parallel 16 \
-        --n-samples 20000 --data-minutes $SHORT_MIN --gen-threads $THREADS ${CODE_SHARE:+--code-share $CODE_SHARE} \
+    test -f $OUT-short/data/manifest.json || quiet $OUT-short-data.log $MOA train "${SHORT[@]}" --n-parallel 16 \
+        --n-samples 20000 --data-minutes $SHORT_MIN --gen-threads $THREADS \
         --out $OUT-short --data-only || tail -1 $OUT-short-data.log >&2
     if test -f $OUT-short/data/manifest.json; then EXTRA=(--extra-data ${REPLAY:-} $OUT-short/data); fi
 fi
