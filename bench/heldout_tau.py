@@ -117,6 +117,9 @@ def main() -> int:
     ap.add_argument("--heldout", required=True, help="data directory of the held-out conversations")
     ap.add_argument("--target", default="smollm2")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--first", type=int, default=None, metavar="N",
+                    help="score only chains that start within each answer's first N tokens (the evaluation "
+                         "sets' --max-tokens 64 sees only those; default: whole answers)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -140,7 +143,7 @@ def main() -> int:
             rep["token_passes"] = rec.get("moa.train.token_passes")
             rep["total_steps"] = rec.get("moa.train.steps")
         per: list[tuple[int, int]] = []
-        ev = eval_acceptance(model, ds, fs, idx, per_sample=per)
+        ev = eval_acceptance(model, ds, fs, idx, per_sample=per, first=a.first)
         per_run.append(per)
         rows.append({"run": str(run), **ev, "seconds": rep.get("seconds"), "steps": rep.get("steps"),
                      "token_passes": rep.get("token_passes"), "total_steps": rep.get("total_steps"),
@@ -150,7 +153,7 @@ def main() -> int:
     for row, (ci, dci) in zip(rows, bootstrap(per_run)):
         row["tau_ci95"], row["diff_vs_first_ci95"] = ci, dci
         print(f"{row['run']}: tau 95% [{ci[0]:.3f}, {ci[1]:.3f}]  minus first row: [{dci[0]:+.3f}, {dci[1]:+.3f}]")
-    res = {"heldout": str(held), "n_heldout": len(idx), "rows": rows}
+    res = {"heldout": str(held), "n_heldout": len(idx), "first": a.first, "rows": rows}
     if a.out:
         write_report(res, Path(a.out))
     return 0

@@ -434,6 +434,7 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
     print(f"\n[tiny run] steps {TINY_STEPS}: loss ratio {loss1 / loss0:.3f}")
     assert loss1 < (0.5 if tli else 0.3) * loss0, (loss0, loss1)
     assert summary["steps"] == TINY_STEPS
+    _check_first_cap(tr.model, ds, fs, tr.train_idx[:4].tolist())
     snap = tr.model.save(tmp_path / "snapshot")
     trained = convert(snap, tmp_path / "trained.gguf", outtype="f32", target_gguf=target, tli=tli, progress=False)
     rand = make_random_drafter(target, tmp_path / "random.gguf", outtype="f32", **FIXTURE_SIZES)
@@ -449,6 +450,19 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
     t_trained, t_random = (chain4_tau(target, d, prompts, 48) for d in (trained, rand))
     print(f"[tiny run] chain-4 tau: trained {t_trained:.3f}, random {t_random:.3f}")
     assert t_trained > t_random + 1.0, (t_trained, t_random)
+
+
+def _check_first_cap(model, ds, fs, idx: list[int]) -> None:
+    """``eval_acceptance(first=N)`` (``bench/heldout_tau.py --first``): a cap past every response
+    changes nothing; a cap of 3 starts at most 3 chains per response, and fewer in all than none."""
+    from moa_cpp.train.evaluate import eval_acceptance
+    full: list[tuple[int, int]] = []
+    capped: list[tuple[int, int]] = []
+    res = eval_acceptance(model, ds, fs, idx, per_sample=full)
+    assert eval_acceptance(model, ds, fs, idx, first=10**6) == res
+    eval_acceptance(model, ds, fs, idx, per_sample=capped, first=3)
+    assert all(0 < c <= min(3, f) for (_, c), (_, f) in zip(capped, full)), (capped, full)
+    assert sum(c for _, c in capped) < sum(f for _, f in full)
 
 
 # Not used for training (disjoint from _PROMPTS): the held-out set of the SmolLM2 run below.

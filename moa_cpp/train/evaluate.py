@@ -27,9 +27,12 @@ __all__ = ["eval_acceptance", "heldout_split"]
 @torch.no_grad()
 def eval_acceptance(model: MoaDrafter, ds: Dataset, fs: "FeatureStore | OnlineFeatures", idx: list[int],
                     depth: int = 4, bf16: bool = False,
-                    per_sample: Optional[list[tuple[int, int]]] = None) -> dict[str, float]:
+                    per_sample: Optional[list[tuple[int, int]]] = None,
+                    first: Optional[int] = None) -> dict[str, float]:
     """Held-out greedy chain-``depth`` acceptance estimate (module docstring). ``per_sample``, when
-    given, receives (accepted drafts, cycles) of each sample in ``idx`` (for bootstrap intervals)."""
+    given, receives (accepted drafts, cycles) of each sample in ``idx`` (for bootstrap intervals).
+    ``first``: only chains that start within a response's first ``first`` tokens (what a benchmark
+    capped at that many new tokens sees)."""
     model.eval()
     dev = model.embed.device
     runs: list[int] = []
@@ -50,7 +53,8 @@ def eval_acceptance(model: MoaDrafter, ds: Dataset, fs: "FeatureStore | OnlineFe
         st = start[0].cpu().numpy()
         S = len(ok)
         # chain starts at every verified position b inside/just before the response
-        for bpos in range(int(ds.prompt_len[j]) - 1, S - depth - 1):
+        p0 = int(ds.prompt_len[j]) - 1
+        for bpos in range(p0, S - depth - 1 if first is None else min(S - depth - 1, p0 + first)):
             if st[bpos] != bpos:
                 continue
             run = 0
