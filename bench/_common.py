@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_ROOT = BENCH_DIR / "results"
 EVAL_DIR = BENCH_DIR.parent.parent / "shared" / "data" / "eval"    # the paper's six benchmark sets
+EVAL_SETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"]  # their names, in the paper's order
 
 
 def git_commit() -> str:

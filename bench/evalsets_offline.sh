@@ -18,9 +18,9 @@ mkdir -p $OUT
 $PY - "$OUT/prompts.jsonl" "$PROMPTS" <<'PYEOF'
 import json, sys
 sys.path.insert(0, "bench")
-from _common import EVAL_DIR, eval_prompts
+from _common import EVAL_DIR, EVAL_SETS, eval_prompts
 with open(sys.argv[1], "w") as f:
-    for p in eval_prompts(EVAL_DIR, ["mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"], int(sys.argv[2])):
+    for p in eval_prompts(EVAL_DIR, EVAL_SETS, int(sys.argv[2])):
         f.write(json.dumps({"prompt": p}) + "\n")
 PYEOF
 # 4 sequences leave each prompt 1,984 tokens (CNN/DM's articles; run_eval keeps 1,784 of them)

@@ -61,10 +61,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (EVAL_DIR, CallCounter, base_parser, eval_prompts, llama_greedy, md_table,  # noqa: E402
-                     open_llama, run_generation, run_info, spec_api, usable_cores, write_results)
+from _common import (EVAL_DIR, EVAL_SETS, CallCounter, base_parser, eval_prompts, llama_greedy,  # noqa: E402
+                     md_table, open_llama, run_generation, run_info, spec_api, usable_cores, write_results)
 
-SETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"]
+SETS = EVAL_SETS
 PAPER_NAMES = {"mt_bench": "MT-bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "alpaca": "Alpaca",
                "sum": "CNN/DM", "qa": "Nat. Ques.", "grounded": "grounded"}
 OWN_SETS = {"grounded": Path(__file__).resolve().parent / "prompts"}    # sets written for this repository

@@ -50,10 +50,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import EVAL_DIR, base_parser, eval_prompts, md_table, run_info, usable_cores, write_results  # noqa: E402
+from _common import (EVAL_DIR, EVAL_SETS, base_parser, eval_prompts, md_table, run_info, usable_cores,  # noqa: E402
+                     write_results)
 
 REPO = Path(__file__).resolve().parents[1]
-SETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"]
+SETS = EVAL_SETS
 LLAMA = "llama"
 PLAIN = "moa-np1-none"
 MOA = {"moa-np1": [], "moa-np2": ["--parallel", "2"], "moa-np1-none": ["--draft", "none"]}

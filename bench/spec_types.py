@@ -47,10 +47,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (EVAL_DIR, base_parser, eval_prompts, md_table, run_info, usable_cores,  # noqa: E402
+from _common import (EVAL_DIR, EVAL_SETS, base_parser, eval_prompts, md_table, run_info, usable_cores,  # noqa: E402
                      write_results)
 
-SETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"]
+SETS = EVAL_SETS
 SPEC_TYPES = ["moa", "draft", "ngram", "moa,ngram", "draft,ngram"]
 BASE = "no-draft"
 SPLIT = ("t_prefill", "t_target", "t_drafter", "t_capture", "t_overhead")
