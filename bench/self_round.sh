@@ -13,6 +13,8 @@
 #       REPLAY="out/self/c11-short/data out/sva/self/data" CODE_SHARE=0.5 MINUTES=25 bash bench/self_round.sh
 #   ROUND=c14 BASE=bench/data/round-c13-self/drafter.gguf SEED=16 GEN_MIN=15 SHORT_MIN=20 SHORT_PROMPTS=self \
 #       MAX_NEW=96 CODE_SHARE=0.5 MINUTES=25 bash bench/self_round.sh
+#   ROUND=c15 BASE=bench/data/round-c14-self/drafter.gguf SEED=17 GEN_MIN=10 SHORT_MIN=25 SHORT_PROMPTS=tasks \
+#       MAX_NEW=96 CODE_SHARE=0.5 MINUTES=30 bash bench/self_round.sh
 # PARALLEL (default 4) sequences share the 8192-cell context while answers are written: 4 leaves a
 # turn 1792 tokens of context (16, the trainer's default, leaves 256 and skips ~90 % of ShareGPT's
 # later turns, so a drafter never sees a long context; CNN/DM's 450-1200-token articles are where
@@ -23,6 +25,9 @@
 # SHORT_PROMPTS=self: the short stage's prompts are written by the target itself (its chat template's
 # user prefix, then it samples the user turn: `moa-cpp train` without --prompts), since after round
 # c11 ShareGPT has no unseen turn that fits 256 tokens (default: sharegpt, the same draw as stage 1).
+# SHORT_PROMPTS=tasks: as self, each prompt begun with an opening of moa_cpp/train/starts/tasks.jsonl
+# (code, arithmetic, documents to summarise, questions, writing: `--prompt-starts tasks`), so that the
+# target's own prompts hold the kinds of task users bring (round c14's were mostly chat).
 # MAX_NEW (default 256): both stages cut answers there. The evaluation sets score an answer's first
 # 64 tokens, where held-out tau is ~0.36 lower than over whole answers (round c13), so a smaller cap
 # (e.g. 96) puts more answer starts in each minute of generation.
@@ -70,7 +75,8 @@ EXTRA=()
 case $SHORT_PROMPTS in
     sharegpt) SHORT=($DRAW $OUT/data ${CODE_SHARE:+--code-share $CODE_SHARE}) ;;
     self) SHORT=(--target smollm2 --seed $SEED) ;;
-    *) echo "SHORT_PROMPTS: sharegpt or self, not $SHORT_PROMPTS" >&2; exit 2 ;;
+    tasks) SHORT=(--target smollm2 --seed $SEED --prompt-starts tasks --max-prompt-tokens 320) ;;
+    *) echo "SHORT_PROMPTS: sharegpt, self or tasks, not $SHORT_PROMPTS" >&2; exit 2 ;;
 esac
 if [ "$SHORT_MIN" != 0 ]; then
     test -f $OUT-short/data/manifest.json || quiet $OUT-short-data.log $MOA train "${SHORT[@]}" --n-parallel 16 \

@@ -571,6 +571,31 @@ def test_self_generated_data_in_rounds(tmp_path: Path) -> None:
     assert "reusing" in logs[-1]
 
 
+@pytest.mark.model
+def test_self_written_prompts_keep_their_starts(tmp_path: Path) -> None:
+    """--prompt-starts: every self-written user turn begins with one of the given openings and goes
+    on in the model's own words (the shipped 'tasks' list loads; a bad list is a clear error)."""
+    from moa_cpp.models import smollm2_path
+    from moa_cpp.train.prompts import load_prompt_starts
+
+    tasks = load_prompt_starts("tasks")
+    assert len(tasks) >= 20 and any(t.startswith("Summarize") for t in tasks) and "" in tasks
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"start": 3}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1: a JSON string or an object"):
+        load_prompt_starts(bad)
+    starts = ["Write a Python function that", "Summarize this text:\n\n"]
+    st = DataSettings(n_samples=4, round_size=8, max_prompt_tokens=160, max_new_tokens=8, n_parallel=4,
+                      n_threads=1, n_ctx=1024, prompt_starts=starts)
+    ds = generate_dataset(smollm2_path(), tmp_path / "data", st, log=lambda m: None)
+    prompts = [json.loads(line)["prompt"] for line in (tmp_path / "data" / "prompts.jsonl").read_text().splitlines()]
+    assert len(prompts) == len(ds) >= 1
+    for p in prompts:
+        head = next((s.strip() for s in starts if p.startswith(s.strip())), None)
+        assert head is not None, p
+        assert len(p) > len(head) + 3, p     # the model wrote the rest
+
+
 def test_draft_vocab_choice() -> None:
     """Top-V response tokens by count (ties: lower id), response-ending tokens always kept, prompt
     tokens ignored; coverage is the held-in share."""
@@ -629,6 +654,12 @@ def test_feature_cache_adds_residual_later(fixture_dir: Path, tmp_path: Path) ->
                                         (["--exclude-prompts", "/nonexistent/held.jsonl"],
                                          "--exclude-prompts: /nonexistent/held.jsonl: no such prompts file"),
                                         (["--muon-ns-steps", "0"], "--muon-ns-steps >= 1"),
+                                        (["--prompts", "sharegpt:4", "--prompt-starts", "tasks"],
+                                         "--prompt-starts: self-written prompts only"),
+                                        (["--prompt-starts", "/nonexistent/starts.jsonl"],
+                                         "--prompt-starts: /nonexistent/starts.jsonl: no such file, nor a shipped "
+                                         "list (tasks)"),
+                                        (["--max-prompt-tokens", "0"], "--max-prompt-tokens 0: must be >= 1"),
                                         (["--device", "tpu"], "--device: device 'tpu': use auto, cpu or cuda"),
                                         # no CUDA here: "sees no CUDA device"; with CUDA: "only N device(s)"
                                         (["--device", "cuda:99"], "--device: device 'cuda:99'")])

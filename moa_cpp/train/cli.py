@@ -64,6 +64,13 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
                    help="ShareGPT data: make this fraction of the fixed answers, and of the prompts the target "
                         "answers (those ShareGPT answered with code), hold a fenced code block (ShareGPT has ~1/5; "
                         "e.g. 0.5 for a code target such as Qwen2.5-Coder); default: as drawn")
+    p.add_argument("--prompt-starts", default=None, metavar="NAME|FILE",
+                   help="self-written prompts (no --prompts) begin with one of these openings, drawn uniformly, and "
+                        "the target writes the rest: 'tasks' (shipped: code, arithmetic, documents to summarise, "
+                        "questions, writing) or a .jsonl of strings / {\"start\": ...} objects; default: none")
+    p.add_argument("--max-prompt-tokens", type=int, default=96, metavar="N",
+                   help="self-written prompts: tokens the target may write per user turn (unfinished turns are "
+                        "dropped; raise it for starts that ask for a document to summarise)")
     p.add_argument("--no-chat", dest="chat", action="store_false",
                    help="self-distilled data on the raw prompt text, without the chat template (base models, which "
                         "users prompt with plain text; default: the chat template)")
@@ -390,6 +397,16 @@ def _checked_inputs(args: argparse.Namespace, target: str) -> tuple:
                                             and (args.fixed_answers or _sharegpt_specs(args))):
         raise InvalidArgumentError(f"--code-share {args.code_share}: a fraction in [0, 1], with --fixed-answers N "
                                    "or --prompts sharegpt[:N]")
+    if args.prompt_starts is not None:
+        if args.prompts:
+            raise InvalidArgumentError("--prompt-starts: self-written prompts only (drop --prompts)")
+        from .prompts import load_prompt_starts
+        try:
+            args.prompt_starts = load_prompt_starts(args.prompt_starts)
+        except (OSError, ValueError) as e:
+            raise InvalidArgumentError(f"--prompt-starts: {e}") from None
+    if args.max_prompt_tokens < 1:
+        raise InvalidArgumentError(f"--max-prompt-tokens {args.max_prompt_tokens}: must be >= 1")
     if not 2 <= args.t_range[0] <= args.t_range[1]:
         raise InvalidArgumentError(f"--t-range {args.t_range[0]} {args.t_range[1]}: need 2 <= MIN <= MAX")
     if not 0.0 <= args.staircase_until <= 1.0:
@@ -429,7 +446,8 @@ def _make_data(args: argparse.Namespace, target: str, out: Path, exclude: frozen
                         n_parallel=args.n_parallel, max_new_tokens=args.max_new_tokens,
                         greedy_fraction=args.greedy_fraction, n_threads=args.gen_threads,
                         n_gpu_layers=args.n_gpu_layers, chat=args.chat, sharegpt_turns=args.sharegpt_turns,
-                        code_share=args.code_share if _sharegpt_specs(args) else None)
+                        code_share=args.code_share if _sharegpt_specs(args) else None,
+                        prompt_starts=args.prompt_starts or [], max_prompt_tokens=args.max_prompt_tokens)
     parts, names = [], []
     if args.n_samples:
         names.append("self-distilled")

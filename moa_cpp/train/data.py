@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
@@ -59,6 +59,9 @@ class DataSettings:
     sharegpt_turns: str = "first"       # ShareGPT prompts: first human turn, or "all" (each with its context)
     code_share: Optional[float] = None  # ShareGPT prompts: share of every prefix ShareGPT answered with code
     exclude_sha256: Optional[str] = None  # of the sorted prompt keys never used (--exclude-prompts)
+    # self-written user turns begin with one of these, drawn uniformly (--prompt-starts; empty: the
+    # user prefix alone): the model still writes each turn, steered toward kinds of task
+    prompt_starts: list[str] = field(default_factory=list)
 
     def prompt_room(self, n_ctx: Optional[int] = None) -> int:
         """Longest prompt (chat template included) that leaves a full response room in one sequence's
@@ -223,7 +226,8 @@ def generate_dataset(target_path: str | os.PathLike[str], out_dir: str | os.Path
         why = ("the time budget ran out before an answer was finished" if users else
                f"all {rounds.n_skipped} prompts are longer than the {rounds.room} tokens each of {st.n_parallel} "
                f"sequences leaves a prompt (n_ctx {st.n_ctx}; fewer --n-parallel leave more)" if rounds.n_skipped else
-               "no prompt to answer (all excluded?)")
+               "no prompt to answer (all excluded?)" if prompt_files else
+               f"no self-written prompt ended within {st.max_prompt_tokens} tokens (--max-prompt-tokens)")
         raise ValueError(f"no conversation was written: {why}")
     ds = _conversations(prompts, resp, greedy, keep)
     np.savez(out / "data.npz", tokens=ds.tokens, offsets=ds.offsets, prompt_len=ds.prompt_len, greedy=ds.greedy)
@@ -313,21 +317,26 @@ class _Rounds:
         return new_users, new_prompts
 
     def self_written(self, users: list[Prompt], prefix: np.ndarray) -> tuple[list[Prompt], list[np.ndarray]]:
-        """One round of user turns sampled by the model after its chat template's user prefix."""
+        """One round of user turns sampled by the model after its chat template's user prefix (and a
+        drawn start, which the turn keeps)."""
         st, tg = self.st, self.tg
         n_instr = min(st.round_size, int((st.n_samples - len(users)) * 1.25) + 4)
+        # (drawn only with starts: a run without them keeps the random stream it always had)
+        heads = ([st.prompt_starts[k] for k in self.rng.integers(len(st.prompt_starts), size=n_instr)]
+                 if st.prompt_starts else [""] * n_instr)
         t0 = time.time()
-        gen = batched_generate(tg, [prefix] * n_instr, max_new=st.max_prompt_tokens,
+        gen = batched_generate(tg, [np.concatenate([prefix, self.tokenize(h)]) if h else prefix for h in heads],
+                               max_new=st.max_prompt_tokens,
                                temperatures=[st.instr_temperature] * n_instr, top_p=st.top_p, rng=self.rng,
                                n_parallel=st.n_parallel, deadline=self.deadline)
         self.stats["instr_seconds"] += time.time() - t0
         self.stats["instr_generated_tokens"] += float(sum(len(g) for g in gen if g))
         new_users = []
         seen = set(users)
-        for g in gen:
+        for h, g in zip(heads, gen):
             # unfinished or too-short turns are dropped, duplicates too
             if g and tg.is_eog(g[-1]) and len(g) - 1 >= st.min_prompt_tokens:
-                text = tg.detokenize(g[:-1]).strip()
+                text = (h + tg.detokenize(g[:-1])).strip()
                 if text and text not in seen:
                     new_users.append(text)
                     seen.add(text)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Union
 
-__all__ = ["Prompt", "load_prompt_files", "load_prompts", "user_prefix"]
+__all__ = ["Prompt", "load_prompt_files", "load_prompt_starts", "load_prompts", "user_prefix"]
 
 _PLACEHOLDER = "\u2063MOA_USER_PLACEHOLDER\u2063"
 _PROMPT_KEYS = ("prompt", "instruction", "question", "text", "input", "query")
@@ -94,6 +94,36 @@ def load_prompts(specs: Sequence[str | os.PathLike[str]], *, seed: int = 0, shar
         else:
             out += ex.drop_prompts(load_prompt_files([spec]), set(exclude))
     return out, info
+
+
+_STARTS_DIR = Path(__file__).parent / "starts"
+
+
+def load_prompt_starts(spec: str | os.PathLike[str]) -> list[str]:
+    """Openings of self-written user turns (``--prompt-starts``): a name shipped in
+    ``moa_cpp/train/starts/`` (``tasks``: code, arithmetic, documents to summarise, questions,
+    writing; written for this project, none taken from an evaluation set) or a ``.jsonl`` file whose
+    lines are JSON strings or objects with a ``start`` key. Each self-written turn begins with one
+    drawn uniformly (repeat a line to weight it; ``""`` leaves the turn wholly to the model)."""
+    path = _STARTS_DIR / f"{spec}.jsonl" if (_STARTS_DIR / f"{spec}.jsonl").is_file() else Path(spec)
+    if not path.is_file():
+        shipped = ", ".join(sorted(q.stem for q in _STARTS_DIR.glob("*.jsonl")))
+        raise ValueError(f"{spec}: no such file, nor a shipped list ({shipped})")
+    starts = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+        start = obj.get("start") if isinstance(obj, dict) else obj
+        if not isinstance(start, str):
+            raise ValueError(f"{path}:{n}: a JSON string or an object with a string 'start'")
+        starts.append(start)
+    if not starts:
+        raise ValueError(f"{path}: no prompt starts")
+    return starts
 
 
 def user_prefix(target) -> str:
