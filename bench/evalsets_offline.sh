@@ -9,10 +9,14 @@
 # scores DRAFTERS on them. Equal numbers would put the gap in the prompts; run_eval's tau on the same
 # prompts (Q4_1 target) against this one is the part the counting makes.
 #   bash bench/evalsets_offline.sh bench/data/round-c13-self/drafter.gguf   (~3 min, 2 cores)
+#   NAME=issue43-c15-evalsets-offline-first64 bash bench/evalsets_offline.sh C14.gguf C15.gguf
+# NAME (default issue43-evalsets-offline-first64) names the results under bench/results/, so that
+# one round's comparison does not overwrite another's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python MOA=.venv/bin/moa-cpp
 PROMPTS=${PROMPTS:-10} OUT=out/evalsets-offline-$PROMPTS THREADS=${THREADS:-2}
+NAME=${NAME:-issue43-evalsets-offline-first64}
 [ $# -ge 1 ] || { echo "usage: bash bench/evalsets_offline.sh DRAFTER.gguf..." >&2; exit 2; }
 mkdir -p $OUT
 $PY - "$OUT/prompts.jsonl" "$PROMPTS" <<'PYEOF'
@@ -28,4 +32,4 @@ test -f $OUT/data/manifest.json || $MOA train --target smollm2 --prompts $OUT/pr
     --n-samples $((PROMPTS * 6)) --greedy-fraction 1 --max-new-tokens 64 --n-parallel 4 --data-minutes 30 \
     --gen-threads $THREADS --out $OUT --data-only
 $PY bench/heldout_tau.py --heldout $OUT/data "$@" --first 64 --threads $THREADS \
-    --out bench/results/issue43-evalsets-offline-first64.json
+    --out bench/results/$NAME.json
