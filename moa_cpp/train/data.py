@@ -316,27 +316,26 @@ class _Rounds:
                 self.n_skipped += 1
         return new_users, new_prompts
 
-    def self_written(self, users: list[Prompt], prefix: np.ndarray) -> tuple[list[Prompt], list[np.ndarray]]:
-        """One round of user turns sampled by the model after its chat template's user prefix (and a
-        drawn start, which the turn keeps)."""
+    def self_written(self, users: list[Prompt], heads: list[str],
+                     head_ids: list[np.ndarray]) -> tuple[list[Prompt], list[np.ndarray]]:
+        """One round of user turns sampled by the model after one of ``heads`` (token ids
+        ``head_ids``: the chat template's user prefix, then a start, which the turn keeps)."""
         st, tg = self.st, self.tg
         n_instr = min(st.round_size, int((st.n_samples - len(users)) * 1.25) + 4)
         # (drawn only with starts: a run without them keeps the random stream it always had)
-        heads = ([st.prompt_starts[k] for k in self.rng.integers(len(st.prompt_starts), size=n_instr)]
-                 if st.prompt_starts else [""] * n_instr)
+        pick = self.rng.integers(len(heads), size=n_instr) if st.prompt_starts else np.zeros(n_instr, np.int64)
         t0 = time.time()
-        gen = batched_generate(tg, [np.concatenate([prefix, self.tokenize(h)]) if h else prefix for h in heads],
-                               max_new=st.max_prompt_tokens,
+        gen = batched_generate(tg, [head_ids[k] for k in pick], max_new=st.max_prompt_tokens,
                                temperatures=[st.instr_temperature] * n_instr, top_p=st.top_p, rng=self.rng,
                                n_parallel=st.n_parallel, deadline=self.deadline)
         self.stats["instr_seconds"] += time.time() - t0
         self.stats["instr_generated_tokens"] += float(sum(len(g) for g in gen if g))
         new_users = []
         seen = set(users)
-        for h, g in zip(heads, gen):
+        for k, g in zip(pick, gen):
             # unfinished or too-short turns are dropped, duplicates too
             if g and tg.is_eog(g[-1]) and len(g) - 1 >= st.min_prompt_tokens:
-                text = (h + tg.detokenize(g[:-1])).strip()
+                text = (heads[k] + tg.detokenize(g[:-1])).strip()
                 if text and text not in seen:
                     new_users.append(text)
                     seen.add(text)
@@ -366,12 +365,15 @@ class _Rounds:
         prompts: list[np.ndarray] = []
         resp: list[Optional[list[int]]] = []
         greedy_all: list[bool] = []
-        prefix = None if file_users is not None else self.tokenize(user_prefix(self.tg))
+        if file_users is None:      # each start tokenized once, after the user prefix
+            heads = st.prompt_starts or [""]
+            prefix = self.tokenize(user_prefix(self.tg))
+            head_ids = [np.concatenate([prefix, self.tokenize(h)]) for h in heads]
         while len(users) < st.n_samples and (self.deadline is None or time.time() < self.deadline):
             if file_users is not None:
                 new_users, new_prompts = self.from_files(file_users)
             else:
-                new_users, new_prompts = self.self_written(users, prefix)
+                new_users, new_prompts = self.self_written(users, heads, head_ids)
             greedy, new_resp = self.respond(new_prompts)
             users += new_users
             prompts += new_prompts
