@@ -15,6 +15,9 @@
 #       MAX_NEW=96 CODE_SHARE=0.5 MINUTES=25 bash bench/self_round.sh
 #   ROUND=c15 BASE=bench/data/round-c14-self/drafter.gguf SEED=17 GEN_MIN=10 SHORT_MIN=25 SHORT_PROMPTS=tasks \
 #       MAX_NEW=96 CODE_SHARE=0.5 MINUTES=30 bash bench/self_round.sh
+#   ROUND=c16 BASE=bench/data/round-c15-self/drafter.gguf SEED=18 GEN_MIN=15 SHORT_MIN=25 SHORT_PROMPTS=tasks \
+#       STARTS=bench/data/round-c16-self/starts.jsonl PROMPT_TOKENS=800 SHORT_PARALLEL=8 MAX_NEW=96 \
+#       CODE_SHARE=0.5 MINUTES=30 bash bench/self_round.sh   (not shipped: docs/training.md)
 # PARALLEL (default 4) sequences share the 8192-cell context while answers are written: 4 leaves a
 # turn 1792 tokens of context (16, the trainer's default, leaves 256 and skips ~90 % of ShareGPT's
 # later turns, so a drafter never sees a long context; CNN/DM's 450-1200-token articles are where
@@ -28,6 +31,10 @@
 # SHORT_PROMPTS=tasks: as self, each prompt begun with an opening of moa_cpp/train/starts/tasks.jsonl
 # (code, arithmetic, documents to summarise, questions, writing: `--prompt-starts tasks`), so that the
 # target's own prompts hold the kinds of task users bring (round c14's were mostly chat).
+# STARTS (default tasks): another list of openings for SHORT_PROMPTS=tasks (a shipped name or a .jsonl
+# file; repeat a line to weight it); PROMPT_TOKENS (default 320) caps those self-written turns and
+# SHORT_PARALLEL (default 16) sets how many sequences share the context while they are answered:
+# longer documents need fewer (8 leave a turn 1024 - MAX_NEW tokens).
 # MAX_NEW (default 256): both stages cut answers there. The evaluation sets score an answer's first
 # 64 tokens, where held-out tau is ~0.36 lower than over whole answers (round c13), so a smaller cap
 # (e.g. 96) puts more answer starts in each minute of generation.
@@ -45,6 +52,7 @@ ROUND=${ROUND:?ROUND names this round, e.g. c11}
 BASE=${BASE:?BASE: the drafter GGUF this round continues}
 SEED=${SEED:?SEED: a ShareGPT order no earlier round used}
 GEN_MIN=${GEN_MIN:-25} MAX_NEW=${MAX_NEW:-256} SHORT_MIN=${SHORT_MIN:-10} SHORT_PROMPTS=${SHORT_PROMPTS:-sharegpt} CODE_SHARE=${CODE_SHARE:-} MINUTES=${MINUTES:-35} EPOCHS=${EPOCHS:-4} THREADS=${THREADS:-2} PARALLEL=${PARALLEL:-4}
+STARTS=${STARTS:-tasks} PROMPT_TOKENS=${PROMPT_TOKENS:-320} SHORT_PARALLEL=${SHORT_PARALLEL:-16}
 HELDOUT=bench/data/heldout-s8 HELDOUT_LONG=bench/data/heldout-long-s13
 OUT=out/self/$ROUND KEEP=bench/data/round-$ROUND-self
 # what the shipped drafter and rounds c1-c9 read (regenerated in seconds), then every committed
@@ -75,11 +83,11 @@ EXTRA=()
 case $SHORT_PROMPTS in
     sharegpt) SHORT=($DRAW $OUT/data ${CODE_SHARE:+--code-share $CODE_SHARE}) ;;
     self) SHORT=(--target smollm2 --seed $SEED) ;;
-    tasks) SHORT=(--target smollm2 --seed $SEED --prompt-starts tasks --max-prompt-tokens 320) ;;
+    tasks) SHORT=(--target smollm2 --seed $SEED --prompt-starts $STARTS --max-prompt-tokens $PROMPT_TOKENS) ;;
     *) echo "SHORT_PROMPTS: sharegpt, self or tasks, not $SHORT_PROMPTS" >&2; exit 2 ;;
 esac
 if [ "$SHORT_MIN" != 0 ]; then
-    test -f $OUT-short/data/manifest.json || quiet $OUT-short-data.log $MOA train "${SHORT[@]}" --n-parallel 16 \
+    test -f $OUT-short/data/manifest.json || quiet $OUT-short-data.log $MOA train "${SHORT[@]}" --n-parallel $SHORT_PARALLEL \
         --max-new-tokens $MAX_NEW --n-samples 20000 --data-minutes $SHORT_MIN --gen-threads $THREADS \
         --out $OUT-short --data-only || tail -1 $OUT-short-data.log >&2
     if test -f $OUT-short/data/manifest.json; then EXTRA=(--extra-data ${REPLAY:-} $OUT-short/data); fi
