@@ -33,8 +33,9 @@
 # target's own prompts hold the kinds of task users bring (round c14's were mostly chat).
 # STARTS (default tasks): another list of openings for SHORT_PROMPTS=tasks (a shipped name or a .jsonl
 # file; repeat a line to weight it); PROMPT_TOKENS (default 320) caps those self-written turns and
-# SHORT_PARALLEL (default 16) sets how many sequences share the context while they are answered:
-# longer documents need fewer (8 leave a turn 1024 - MAX_NEW tokens).
+# SHORT_PARALLEL (default 16) sets how many sequences of the short stage (any SHORT_PROMPTS) share the
+# context while prompts are written and answered: longer documents need fewer (8 leave a turn 1024 -
+# MAX_NEW tokens).
 # MAX_NEW (default 256): both stages cut answers there. The evaluation sets score an answer's first
 # 64 tokens, where held-out tau is ~0.36 lower than over whole answers (round c13), so a smaller cap
 # (e.g. 96) puts more answer starts in each minute of generation.
