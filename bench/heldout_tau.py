@@ -3,8 +3,8 @@
 Each training run estimates tau on its own held-out split, so runs on different data do not
 compare. This script scores several runs' snapshots on the same held-out conversations: a data
 directory written by ``moa-cpp train --data-only`` (greedy self-distilled answers of prompts no
-compared run trained on; a sample whose prompt occurs in a run's ``prompts.jsonl`` is dropped and
-counted). The estimate is the trainer's (``eval_acceptance``: CA bounded every 5th position, the
+compared run trained on, or, in a set that has none, ``--fixed-answers`` teacher-forced ones; a
+sample whose prompt occurs in a run's ``prompts.jsonl`` is dropped and counted). The estimate is the trainer's (``eval_acceptance``: CA bounded every 5th position, the
 drafter's argmax vs the torch target's). Each row also gets a 95 % bootstrap interval over the
 held-out conversations and, paired (the same resampled conversations), the interval of its
 difference to the first row: what separates a real A/B difference from held-out sampling noise
@@ -65,6 +65,14 @@ def load_snapshot(snap: Path, tt: TorchTarget) -> MoaDrafter:
     if tli:
         model.attach_tli(tt, tli)
     return model.eval()
+
+
+def scored_indices(greedy: np.ndarray, keys: list, seen: set) -> list[int]:
+    """The conversations scored: as the trainer's held-out estimate, the greedy self-distilled
+    answers where the set has any (a sampled answer is not the target's greedy text), else every
+    (teacher-forced, ``--fixed-answers``) one; never one whose prompt a compared run trained on."""
+    scored = greedy if greedy.any() else np.ones(len(greedy), dtype=bool)
+    return [i for i in range(len(greedy)) if scored[i] and keys[i] not in seen]
 
 
 def bootstrap(per_run: list[list[tuple[int, int]]], n: int = 2000, seed: int = 0):
@@ -129,8 +137,13 @@ def main() -> int:
     fs = compute_features(tt, ds, held / "features", bf16=resolve_bf16("auto", "cpu"))
     keys = [prompt_key(json.loads(line)) for line in (held / "prompts.jsonl").read_text().splitlines()]
     seen = read_prompt_keys([*a.runs, *a.exclude])   # a GGUF: its run directory's prompts
-    idx = [i for i in range(len(ds)) if ds.greedy[i] and keys[i] not in seen]
+    if not ds.greedy.any():
+        print("held-out: no greedy self-distilled answers; scoring the teacher-forced ones")
+    idx = scored_indices(ds.greedy, keys, seen)
     print(f"held-out: {len(idx)} of {len(ds)} conversations ({len(ds) - len(idx)} dropped: trained on or sampled)")
+    if not idx:
+        sys.exit(f"error: no held-out conversation left to score in {held} (every one trained on by a compared "
+                 "run, or sampled): make the held-out set with --exclude-prompts of every compared run's data")
     rows, per_run = [], []
     for r in a.runs:
         run = Path(r)

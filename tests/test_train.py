@@ -820,6 +820,23 @@ def test_heldout_bootstrap_intervals() -> None:
     assert ci2[0] > ci0[1]
 
 
+def test_heldout_tau_scores_teacher_forced_sets_and_drops_trained_prompts() -> None:
+    """bench/heldout_tau.py's choice of conversations: a self-distilled set scores only its greedy
+    answers, a teacher-forced set (no greedy answer at all, e.g. ``--fixed-answers``) scores every
+    one, as the trainer's held-out estimate does (it once scored none and wrote tau 1.000); a
+    prompt a compared run trained on is dropped either way."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from heldout_tau import scored_indices
+
+    keys = ["a", "b", "c", "d"]
+    assert scored_indices(np.array([True, False, True, False]), keys, set()) == [0, 2]
+    assert scored_indices(np.array([True, False, True, False]), keys, {"c"}) == [0]
+    assert scored_indices(np.zeros(4, dtype=bool), keys, set()) == [0, 1, 2, 3]
+    assert scored_indices(np.zeros(4, dtype=bool), keys, {"b", "d"}) == [0, 2]
+
+
 def test_muon_optimizer_splits_params_and_resumes(fixture_dir: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """``optimizer="muon"``: Muon owns exactly the layers' 2-D weights (AdamW the input projection,
