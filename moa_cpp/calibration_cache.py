@@ -6,6 +6,8 @@ Two measurements are made once per model file and settings and then reused by ev
   (:mod:`moa_cpp.speculative.policy`, the cost-aware policy's input);
 - ``exact_rows``: the largest decode batch whose rows equal single-token decodes bit for bit
   (:mod:`moa_cpp.exactness`, the lossless greedy bound);
+- ``verify_cost_t1``: how the stored T(1) was measured (a table without it predates plain-step
+  timing and is measured again: :func:`moa_cpp.speculative.verify_cost.cached_verify_cost`);
 - ``verify_cost_busy``: non-empty when the stored T(k) was measured while other processes kept
   the cores busy (:func:`moa_cpp.speculative.verify_cost.calibrate_verify_cost`: such a table is
   never stored over one measured on a quiet machine, and the next quiet measurement replaces it).
@@ -34,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .target_context import TargetContext
 
 FILE_NAME = "calibration.json"
-TABLES = ("verify_cost", "exact_rows", "verify_cost_busy")
+TABLES = ("verify_cost", "exact_rows", "verify_cost_busy", "verify_cost_t1")
 
 
 def fingerprint(target: "TargetContext") -> str:

@@ -292,10 +292,62 @@ def test_calibration_times_the_sizes_the_exactness_search_did_not(tmp_path, monk
         return {k: 1.0 + 0.5 * (k - 1) for k in ks}
     monkeypatch.setattr(verify_cost, "measure_verify_cost", measure)
     monkeypatch.setattr(verify_cost, "OthersCPU", _load(0.0))          # a quiet machine
+    monkeypatch.setattr(verify_cost, "_plain_step_times", lambda target: [1.2, 0.9, 1.3])
     t = type("T", (), {"_max_exact_rows": None})()
     cost = pol.calibrate_verify_cost(t, 8)
     assert measured == [tuple(range(3, 10))] and sorted(cost) == list(range(1, 10))
+    assert cost[1] == 0.9 and cost[2] == 1.6      # T(1): the fastest of the search's and the plain steps'
     assert pol.cached_verify_cost(t, range(1, 10)) == cost
+
+
+def test_verify_cost_tables_from_before_plain_step_timing_are_measured_again(tmp_path, monkeypatch):
+    """A cached T(k) whose T(1) was not timed as plain steps (any calibration before issue 43's
+    fix: its T(1) could be 25-50 % high, and ``auto`` drafted at a loss) is not used: the policy
+    sees no table and calibrates once; the new calibration is used from then on."""
+    monkeypatch.setenv("MOA_CPP_CACHE", str(tmp_path))
+    from moa_cpp import calibration_cache
+    monkeypatch.setattr(calibration_cache, "fingerprint", lambda target: "k")
+    t = type("T", (), {"_max_exact_rows": 3})()
+    calibration_cache.store("verify_cost", t, {"1": 0.083, "2": 0.102})       # an old table
+    assert pol.cached_verify_cost(t, (1, 2)) is None
+    monkeypatch.setattr(verify_cost, "OthersCPU", _load(0.0))
+    monkeypatch.setattr(verify_cost, "_plain_step_times", lambda target: [0.055, 0.056])
+    monkeypatch.setattr(verify_cost, "measure_verify_cost",
+                        lambda target, ks, reps, use_cache: {k: 0.09 + 0.01 * (k - 2) for k in ks})
+    cost = pol.calibrate_verify_cost(t, 1)
+    assert cost == {1: 0.055, 2: 0.09} and pol.cached_verify_cost(t, (1, 2)) == cost
+
+
+def test_plain_step_times_decode_back_to_back_like_plain_decoding():
+    """T(1) is priced as plain decoding pays it (issue 43: the exactness search's few one-row
+    decodes after prefills and rollbacks gave Qwen2.5-Coder-1.5B F16 a T(1) 25-50 % above its
+    plain steps, and ``auto`` drafted at 0.78x): one prefix, then one-token decodes at successive
+    positions with no rollback between, the warm-up ones not counted, the cache left empty; a
+    context too small for the default prefix gets a shorter one."""
+    from moa_cpp.speculative import verify_cost
+
+    class Fake:
+        def __init__(self, n_ctx):
+            self.n_ctx, self.calls, self.cleared = n_ctx, [], 0
+
+        def clear(self):
+            self.cleared += 1
+            self.calls.append("clear")
+
+        def decode(self, toks, pos, capture=False, logits="all"):
+            assert not capture
+            self.calls.append((len(toks), int(np.asarray(pos)[0])))
+
+    t = Fake(4096)
+    times = verify_cost._plain_step_times(t)
+    n, w = verify_cost.PLAIN_STEPS, verify_cost.PLAIN_WARMUP
+    assert len(times) == n and all(x >= 0 for x in times)
+    assert t.calls[0] == "clear" and t.calls[1] == (64, 0) and t.calls[-1] == "clear"
+    steps = t.calls[2:-1]
+    assert steps == [(1, 64 + i) for i in range(n + w)]           # back to back, no rollback
+    small = Fake(40)
+    verify_cost._plain_step_times(small)
+    assert small.calls[1][0] + n + w < 40 and max(p for _, p in small.calls[2:-1]) < 40
 
 
 def _load(*cores):

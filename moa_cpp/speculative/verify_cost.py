@@ -3,7 +3,8 @@ logits, capture on), measured once per model file, build and thread count and ca
 (:mod:`moa_cpp.calibration_cache`); the cost-aware policies' input (docs/llama-cpp.md#verify-cost).
 
 - :func:`calibrate_verify_cost`: what the CLI and the server run when nobody waits (T(k) from the
-  exactness search's own decodes, the rest timed apart);
+  exactness search's own decodes, the rest timed apart, T(1) also from plain decoding's back-to-back
+  one-token decodes);
 - :func:`cached_verify_cost`: the cached table, never decoding;
 - :func:`verify_cost_from_timings`: timings by row count -> a non-decreasing T(k);
 - :func:`measure_verify_cost`: the standalone benchmark form (``bench/cost_curves.py``).
@@ -33,7 +34,11 @@ def _store(target: Target, cost: dict, replace: bool = False) -> None:
 
 def cached_verify_cost(target: Target, ks: Sequence[int] = ()) -> Optional[dict]:
     """The cached T(k) of this target (model file, threads, build), or None if any of ``ks``
-    (default: k = 1, 2) was never measured. Never decodes."""
+    (default: k = 1, 2) was never measured, or the table's T(1) was not timed as plain decoding
+    pays it (a calibration before :func:`_plain_step_times`: its T(1) could be 25-50 % high, see
+    there; measured again once). Never decodes."""
+    if calibration_cache.lookup(T1_TABLE, target) != T1_METHOD:
+        return None
     entry = calibration_cache.lookup("verify_cost", target)
     if entry is None or not all(str(k) in entry for k in (ks or (1, 2))):
         return None
@@ -69,6 +74,8 @@ def verify_cost_from_timings(timings: dict, upto: int) -> dict:
 # one, stored with a mark that the next quiet measurement clears).
 BUSY_CORES = 0.25
 BUSY_TABLE = "verify_cost_busy"     # non-empty: the stored T(k) was measured on a busy machine
+T1_TABLE = "verify_cost_t1"         # how T(1) was measured: tables without it are measured again
+T1_METHOD = {"plain_steps": 12}
 CALIBRATION_ATTEMPTS = 3
 RETRY_MAX_S = 5.0
 RETRY_PAUSE_S = 1.0
@@ -95,6 +102,7 @@ def calibrate_verify_cost(target: Target, k_max: int) -> dict:
         if load.cores is None or load.cores <= BUSY_CORES:
             _store(target, cost, replace=True)
             calibration_cache.store(BUSY_TABLE, target, {})
+            calibration_cache.store(T1_TABLE, target, T1_METHOD)
             return cost
         log.info("T(k) measured while other processes kept %.2f cores busy: not trusted", load.cores)
         if load.seconds > RETRY_MAX_S:
@@ -106,7 +114,33 @@ def calibrate_verify_cost(target: Target, k_max: int) -> dict:
     # nothing better: this measurement, marked as taken on a busy machine (the next quiet one replaces it)
     _store(target, cost, replace=True)
     calibration_cache.store(BUSY_TABLE, target, {"others_cores": round(float(load.cores or 0.0), 3)})
+    calibration_cache.store(T1_TABLE, target, T1_METHOD)
     return cost
+
+
+# One-token decodes timed back to back, each at the next position, as plain decoding runs them
+# (the first PLAIN_WARMUP not counted): the T(1) every other T(k) is priced against.
+PLAIN_STEPS = T1_METHOD["plain_steps"]
+PLAIN_WARMUP = 2
+
+
+def _plain_step_times(target: Target, n: int = PLAIN_STEPS, prefix: int = 64) -> list:
+    """Seconds of ``n`` successive one-token decodes after a ``prefix``-token context, as plain
+    decoding pays them. The exactness search's own one-row decodes are few and follow a context
+    prefill and rollbacks: on Qwen2.5-Coder-1.5B F16 they gave T(1) 71-83 ms where the loop's
+    plain steps took 55-57 ms, so a 2-row verification (88-92 ms) was priced at 1.23 plain steps
+    instead of 1.6, and ``-d`` under ``auto`` drafted at 0.78x of ``--no-draft`` (issue 43).
+    Leaves the target's KV cache empty."""
+    prefix = max(1, min(prefix, target.n_ctx - n - PLAIN_WARMUP - 1))     # a tiny context: a shorter prefix
+    target.clear()
+    target.decode(np.full(prefix, 1, np.int32), np.arange(prefix, dtype=np.int32), capture=False, logits="last")
+    times = []
+    for i in range(n + PLAIN_WARMUP):
+        t0 = time.perf_counter()
+        target.decode(np.full(1, 1, np.int32), np.array([prefix + i], dtype=np.int32), capture=False)
+        times.append(time.perf_counter() - t0)
+    target.clear()
+    return times[PLAIN_WARMUP:]
 
 
 def _measure_for_calibration(target: Target, need: int) -> dict:
@@ -115,6 +149,7 @@ def _measure_for_calibration(target: Target, need: int) -> dict:
     if target._max_exact_rows is None:
         from ..exactness import exact_rows
         exact_rows(target, need, timings=timings)
+    timings.setdefault(1, []).extend(_plain_step_times(target))   # T(1) is the fastest of all
     cost = verify_cost_from_timings(timings, need)
     missing = tuple(k for k in range(1, need + 1) if k not in cost)
     if missing:
