@@ -4,8 +4,9 @@ Each training run estimates tau on its own held-out split, so runs on different 
 compare. This script scores several runs' snapshots on the same held-out conversations: a data
 directory written by ``moa-cpp train --data-only`` (greedy self-distilled answers of prompts no
 compared run trained on, or, in a set that has none, ``--fixed-answers`` teacher-forced ones; a
-sample whose prompt occurs in a run's ``prompts.jsonl`` is dropped and counted). The estimate is the trainer's (``eval_acceptance``: CA bounded every 5th position, the
-drafter's argmax vs the torch target's). Each row also gets a 95 % bootstrap interval over the
+sample whose prompt occurs in a run's ``prompts.jsonl`` is dropped and counted). The estimate is
+the trainer's (``eval_acceptance``: CA bounded every 5th position, the drafter's argmax vs the
+torch target's). Each row also gets a 95 % bootstrap interval over the
 held-out conversations and, paired (the same resampled conversations), the interval of its
 difference to the first row: what separates a real A/B difference from held-out sampling noise
 (training-seed noise is not in it).
