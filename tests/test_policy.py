@@ -328,10 +328,9 @@ def test_plain_step_times_decode_back_to_back_like_plain_decoding():
 
     class Fake:
         def __init__(self, n_ctx):
-            self.n_ctx, self.calls, self.cleared = n_ctx, [], 0
+            self.n_ctx, self.calls = n_ctx, []
 
         def clear(self):
-            self.cleared += 1
             self.calls.append("clear")
 
         def decode(self, toks, pos, capture=False, logits="all"):

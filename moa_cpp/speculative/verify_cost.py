@@ -100,9 +100,7 @@ def calibrate_verify_cost(target: Target, k_max: int) -> dict:
         with OthersCPU() as load:
             cost = _measure_for_calibration(target, need)
         if load.cores is None or load.cores <= BUSY_CORES:
-            _store(target, cost, replace=True)
-            calibration_cache.store(BUSY_TABLE, target, {})
-            calibration_cache.store(T1_TABLE, target, T1_METHOD)
+            _store_calibration(target, cost, busy={})
             return cost
         log.info("T(k) measured while other processes kept %.2f cores busy: not trusted", load.cores)
         if load.seconds > RETRY_MAX_S:
@@ -112,10 +110,16 @@ def calibrate_verify_cost(target: Target, k_max: int) -> dict:
         if quiet is not None:
             return quiet
     # nothing better: this measurement, marked as taken on a busy machine (the next quiet one replaces it)
-    _store(target, cost, replace=True)
-    calibration_cache.store(BUSY_TABLE, target, {"others_cores": round(float(load.cores or 0.0), 3)})
-    calibration_cache.store(T1_TABLE, target, T1_METHOD)
+    _store_calibration(target, cost, busy={"others_cores": round(float(load.cores or 0.0), 3)})
     return cost
+
+
+def _store_calibration(target: Target, cost: dict, busy: dict) -> None:
+    """A calibration's whole table, with its busy mark ({}: measured on a quiet machine) and how
+    its T(1) was timed (:data:`T1_METHOD`)."""
+    _store(target, cost, replace=True)
+    calibration_cache.store(BUSY_TABLE, target, busy)
+    calibration_cache.store(T1_TABLE, target, T1_METHOD)
 
 
 # One-token decodes timed back to back, each at the next position, as plain decoding runs them
