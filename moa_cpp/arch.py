@@ -31,7 +31,8 @@ from typing import Optional
 import numpy as np
 
 __all__ = ["TargetArch", "TARGET_ARCHS", "lookup", "known", "embedding_scale", "names_where",
-           "by_snapshot_model_type", "unpermute_rows", "unpermute_last_axis"]
+           "by_snapshot_model_type", "unpermute_rows", "unpermute_last_axis", "llama_kind",
+           "drafter_refusal", "speculation_refusal"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class TargetArch:
     qk_permuted: bool = False   # NORM RoPE: llama.cpp's converter permuted Q/K rows per head
     sqrt_embd_scale: bool = False  # layer-0 input = sqrt(n_embd) * token_embd row (Gemma)
     tli: bool = False           # the native TLI can run its decoder layers (plain llama block)
-    capture: bool = False       # the native K/V capture is verified on its llama.cpp graph
+    capture: bool = False       # the K/V capture is checked against transformers (tests/test_archs.py)
     torch_target: bool = False  # moa_cpp.train.target_torch.TorchTarget implements its forward
     snapshot_model_type: Optional[str] = None  # HF config model_type of a Format B training
     #                             snapshot for this target that the converter accepts (None: none)
@@ -53,21 +54,69 @@ class TargetArch:
 TARGET_ARCHS: tuple[TargetArch, ...] = (
     TargetArch("llama", qk_permuted=True, tli=True, capture=True, torch_target=True, snapshot_model_type="llama"),
     TargetArch("mistral", qk_permuted=True),
-    TargetArch("granite", qk_permuted=True),
+    TargetArch("granite", qk_permuted=True, capture=True),
     TargetArch("deci", qk_permuted=True),
     # llama.cpp runs qwen2 with NEOX rope: its converter left the Q/K rows in HF order.
     TargetArch("qwen2", capture=True, torch_target=True, snapshot_model_type="qwen2"),
     # Every Gemma architecture llama.cpp 0.3.36 knows.
-    TargetArch("gemma", sqrt_embd_scale=True, builtin_chat_template="gemma"),
-    TargetArch("gemma2", sqrt_embd_scale=True, builtin_chat_template="gemma"),
+    TargetArch("gemma", sqrt_embd_scale=True, builtin_chat_template="gemma", capture=True),
+    TargetArch("gemma2", sqrt_embd_scale=True, builtin_chat_template="gemma", capture=True),
     TargetArch("gemma3", sqrt_embd_scale=True, builtin_chat_template="gemma", capture=True),
     TargetArch("gemma3n", sqrt_embd_scale=True, builtin_chat_template="gemma"),
     TargetArch("gemma-embedding", sqrt_embd_scale=True, builtin_chat_template="gemma"),
     TargetArch("gemma4", sqrt_embd_scale=True, builtin_chat_template="gemma"),
     TargetArch("gemma4-assistant", sqrt_embd_scale=True, builtin_chat_template="gemma"),
+    # K/V capture checked against transformers on tiny checkpoints (tests/test_archs.py)
+    TargetArch("qwen3", capture=True),
+    TargetArch("qwen3moe", capture=True),
+    TargetArch("qwen2moe", capture=True),
+    TargetArch("phi3", capture=True),
+    TargetArch("gpt-oss", capture=True),
+    TargetArch("olmo2", capture=True),
+    TargetArch("olmo", qk_permuted=True, capture=True),
+    TargetArch("granitemoe", qk_permuted=True, capture=True),
+    TargetArch("smollm3", qk_permuted=True, capture=True),
+    TargetArch("glm4", capture=True),
+    TargetArch("stablelm", capture=True),
+    TargetArch("starcoder2", capture=True),
+    TargetArch("seed_oss", capture=True),
+    TargetArch("command-r", capture=True),
+    TargetArch("arcee", qk_permuted=True, capture=True),
+    TargetArch("ernie4_5", capture=True),
+    TargetArch("gpt2", capture=True),
+    TargetArch("gptneox", capture=True),
+    TargetArch("bloom", capture=True),
+    TargetArch("lfm2", capture=True),
 )
 
 _BY_NAME = {a.name: a for a in TARGET_ARCHS}
+
+
+def llama_kind(arch: str) -> tuple[str, str]:
+    """(kind, why) of ``arch`` in the vendored llama.cpp (:mod:`moa_cpp.llama_archs`, generated from
+    its source); an architecture it does not know: ("unknown", why)."""
+    from .llama_archs import LLAMA_ARCHS
+
+    return LLAMA_ARCHS.get(arch, ("unknown", "not an architecture of the llama.cpp that moa_cpp links"))
+
+
+def drafter_refusal(arch: str) -> Optional[str]:
+    """Why the MoA drafter cannot follow a target of ``arch`` (one line), or None: the drafter
+    reads the K/V of attention layers, which ``attention`` and ``hybrid`` targets have."""
+    kind, why = llama_kind(arch)
+    return None if kind in ("attention", "hybrid") else f"{arch}: {why}"
+
+
+def speculation_refusal(arch: str, recurrent: bool = False, hybrid: bool = False) -> Optional[str]:
+    """Why no draft of any kind can be verified on ``arch`` (one line), or None. A rejected draft
+    is rolled back by removing KV cells; a recurrent state cannot be cut back that way
+    (llama.cpp's recurrent memory refuses a partial seq_rm)."""
+    kind, why = llama_kind(arch)
+    if recurrent or kind == "recurrent":
+        return f"{arch}: a recurrent model: a rejected draft cannot be rolled back"
+    if hybrid or kind == "hybrid":
+        return f"{arch}: {why}"
+    return None
 
 
 def lookup(arch: str) -> TargetArch:

@@ -163,7 +163,16 @@ class TargetContext(TargetText):
         # such a cell holds other bits than a batch row computes (the prompt cache stops there)
         self.lone_row_from: Optional[int] = None
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
-        self.n_layer: int = llama_cpp.llama_model_n_layer(self._model)
+        # n_layer_model: the model's layers; n_layer: those with a KV cache, which the capture
+        # reads (fewer in hybrid models, whose recurrent layers have none: found by a probe decode
+        # once the context exists)
+        self.n_layer_model: int = llama_cpp.llama_model_n_layer(self._model)
+        self.n_layer: int = self.n_layer_model
+        self._kv_layers_checked = False
+        self.recurrent: bool = bool(llama_cpp.llama_model_is_recurrent(self._model))
+        self.hybrid: bool = bool(llama_cpp.llama_model_is_hybrid(self._model))
+        # a KV suffix can be dropped (rejected drafts, prompt reuse): not past a recurrent state
+        self.can_rollback: bool = not (self.recurrent or self.hybrid)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_embd: int = llama_cpp.llama_model_n_embd(self._model)
         self.n_head: int = llama_cpp.llama_model_n_head(self._model)
@@ -171,12 +180,13 @@ class TargetContext(TargetText):
         self.n_swa: int = llama_cpp.llama_model_n_swa(self._model)
         self.arch: str = self.meta("general.architecture") or "?"
         key_length = self.meta(f"{self.arch}.attention.key_length")
-        self.head_dim: int = int(key_length) if key_length else self.n_embd // self.n_head
+        # recurrent models (mamba, rwkv) have no attention heads: head_dim 0, nothing to capture
+        self.head_dim: int = int(key_length) if key_length else (self.n_embd // self.n_head if self.n_head else 0)
         rope = llama_cpp.llama_model_rope_type(self._model)
         self.rope_type: str = ROPE_TYPES.get(rope, f"other({rope})")
 
         # NORM rope: llama.cpp's converter permuted the K rows per head (docs/drafter.md#k-permutation).
-        self._cap = check_ptr(lib.moa_capture_init(self.n_layer, self.rope_type == "norm"), "moa_capture_init")
+        self._cap = check_ptr(lib.moa_capture_init(self.n_layer_model, self.rope_type == "norm"), "moa_capture_init")
         params = context_params(n_ctx, n_batch, n_ubatch, n_seq_max, threads, flash_attn=self.flash_attn,
                                 kv_unified=self.kv_unified, cache_type=cache_type)
         if install_callback:        # both ctypes objects kept on self: they must outlive the context
@@ -184,7 +194,7 @@ class TargetContext(TargetText):
             params.cb_eval = self._cb
             params.cb_eval_user_data = self._cb_ud
         self._has_callback = install_callback
-        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
+        self._ctx = _init_context_unrotated(self._model, params, quantized=cache_type not in ("f16", "f32"))
         if not self._ctx:
             raise MoaError(f"llama.cpp could not create a context for {self.path} (n_ctx {n_ctx}, n_batch {n_batch})")
         self.n_ctx: int = llama_cpp.llama_n_ctx(self._ctx)
@@ -194,6 +204,20 @@ class TargetContext(TargetText):
         self.cache_type: str = cache_type
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._batch = LlamaBatch(n_batch, n_seq_max)
+        if self.hybrid and install_callback:
+            self.n_layer = self._probe_kv_layers()
+
+    def _probe_kv_layers(self) -> int:
+        """How many layers write a KV cache (a hybrid model's attention layers): one captured
+        decode of one token, then the cache emptied."""
+        bos = llama_cpp.llama_vocab_bos(self._vocab)
+        self._kv_layers_checked = True      # this decode is what decides the count
+        self.decode([bos if 0 <= bos < self.n_vocab else 0], positions=[0], logits="last")
+        self.clear()
+        # the heads of the attention layers (llama_model_n_head_kv tells layer 0's, a recurrent one)
+        self.n_head_kv = int(lib.moa_capture_n_head_kv(self._cap))
+        self.head_dim = int(lib.moa_capture_head_dim(self._cap))
+        return int(lib.moa_capture_n_layer(self._cap))
 
     # ------------------------------------------------------------------ properties
 
@@ -282,7 +306,14 @@ class TargetContext(TargetText):
         if capture:
             n_rows = check(lib.moa_capture_n_rows(self._cap))
             if n_rows != n:
-                raise MoaError(f"capture inconsistent: {n_rows} rows captured for a {n}-token decode")
+                raise MoaError(f"capture inconsistent: {n_rows} rows captured for a {n}-token decode"
+                               + (f" ({self.arch} keeps no KV cache: nothing to capture)" if n_rows == 0 else ""))
+            if not self._kv_layers_checked:  # the capture holds later graphs to the first one's layers
+                got = int(lib.moa_capture_n_layer(self._cap))
+                if got != self.n_layer:
+                    raise MoaError(f"capture: {self.arch} wrote the KV cache of {got} of its {self.n_layer_model} "
+                                   f"layers, {self.n_layer} expected (layers sharing another layer's cache?)")
+                self._kv_layers_checked = True
         ptr = llama_cpp.llama_get_logits(self._ctx)
         # one ctypes array type per row count, made once (np.ctypeslib.as_array builds one per call)
         arr_t = self._logits_types.get(rows)
@@ -307,6 +338,14 @@ class TargetContext(TargetText):
             check(lib.moa_capture_get(self._cap, ffi.cast("int32_t *", idx.ctypes.data), len(idx),
                                       ffi.cast("float *", out.ctypes.data)))
         return out
+
+    def captured_layer_ids(self) -> list[int]:
+        """The model layers the capture reads (those with a KV cache), in order; empty before the
+        first captured decode."""
+        n = int(lib.moa_capture_n_layer(self._cap))
+        out = ffi.new("int32_t[]", max(n, 1))
+        check(lib.moa_capture_layer_ids(self._cap, out, n))
+        return [int(out[i]) for i in range(n)]
 
     def captured_kv(self, rows: Optional[Sequence[int]] = None) -> tuple[np.ndarray, np.ndarray]:
         """K and V ``[n_layer, n_head_kv, n_rows, head_dim]`` (HF layout) of the latest decode."""
@@ -374,3 +413,16 @@ class TargetContext(TargetText):
         return (f"{type(self).__name__}({self.path.name!r}, arch={self.arch}, n_layer={self.n_layer}, "
                 f"n_head_kv={self.n_head_kv}, head_dim={self.head_dim}, rope={self.rope_type}, "
                 f"n_ctx={getattr(self, 'n_ctx', '?')})")
+
+
+def _init_context_unrotated(model: Any, params: Any, quantized: bool) -> Any:
+    """llama_init_from_model; for a quantized KV cache with llama.cpp's Hadamard rotation of K/V
+    turned off (its cache reads LLAMA_ATTN_ROT_DISABLE when it is made): the capture reads the rows
+    written to the cache, which would otherwise be rotated (native/src/moa-capture.cpp)."""
+    if not quantized or "LLAMA_ATTN_ROT_DISABLE" in os.environ:
+        return llama_cpp.llama_init_from_model(model, params)
+    os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
+    try:
+        return llama_cpp.llama_init_from_model(model, params)
+    finally:
+        del os.environ["LLAMA_ATTN_ROT_DISABLE"]

@@ -59,10 +59,11 @@ def test_native_table_out_of_range():
 def test_declared_subsets():
     """The subsets each layer supports, as the table declares them (module docstring)."""
     assert arch.names_where("tli") == ("llama",)
-    assert arch.names_where("capture") == ("llama", "qwen2", "gemma3")
+    assert {"llama", "qwen2", "gemma3", "qwen3", "gpt-oss", "lfm2"} <= set(arch.names_where("capture"))
     assert arch.names_where("torch_target") == ("llama", "qwen2")
     assert layouts.SNAPSHOT_MODEL_TYPES == ("llama", "qwen2")
-    assert target_gguf.NORM_ROPE_ARCHS == ("llama", "mistral", "granite", "deci")
+    assert target_gguf.NORM_ROPE_ARCHS == ("llama", "mistral", "granite", "deci", "olmo", "granitemoe", "smollm3",
+                                           "arcee")
     assert all(a.name.startswith("gemma") == a.sqrt_embd_scale for a in arch.TARGET_ARCHS)
     assert all((a.builtin_chat_template == "gemma") == a.name.startswith("gemma") for a in arch.TARGET_ARCHS)
 
@@ -83,9 +84,9 @@ def test_embedding_scale_rule():
 
 
 def test_unknown_architecture_gets_the_defaults():
-    assert not arch.known("phi3") and "phi3" not in _native_table()
-    row = arch.lookup("phi3")
-    assert row.name == "phi3" and not (row.qk_permuted or row.sqrt_embd_scale or row.tli or row.capture
+    assert not arch.known("mpt") and "mpt" not in _native_table()
+    row = arch.lookup("mpt")
+    assert row.name == "mpt" and not (row.qk_permuted or row.sqrt_embd_scale or row.tli or row.capture
                                         or row.torch_target or row.snapshot_model_type)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arch import embedding_scale, lookup, names_where
+from ..arch import drafter_refusal, embedding_scale, lookup, names_where
 from ..errors import FormatError, MismatchError, MoaIOError
 from .layouts import Hparams
 
@@ -80,6 +80,9 @@ def _read_target(p: Path, size: int, mtime_ns: int) -> TargetInfo:
     arch = _scalar(r, "general.architecture")
     if not arch:
         raise FormatError(f"target GGUF {p}: no general.architecture")
+    why = drafter_refusal(str(arch))
+    if why:
+        raise MismatchError(f"target GGUF {p.name}: the MoA drafter cannot follow {why}")
 
     def req(key: str) -> int:
         v = _scalar(r, f"{arch}.{key}")
@@ -99,7 +102,9 @@ def _read_target(p: Path, size: int, mtime_ns: int) -> TargetInfo:
         vocab = int(names["token_embd.weight"].shape[1])
     info = TargetInfo(
         path=p, arch=str(arch), n_embd=n_embd, head_count=n_head,
-        head_count_kv=int(kv) if kv is not None else n_head,  # GGUF convention: absent = MHA
+        # GGUF convention: absent = MHA; hybrid models list it per layer (0: a recurrent layer)
+        head_count_kv=(max(int(x) for x in kv) if isinstance(kv, (list, tuple)) else int(kv)) if kv is not None
+        else n_head,
         key_length=int(key_len) if key_len is not None else n_embd // n_head,
         block_count=req("block_count"),
         rms_eps=_scalar(r, f"{arch}.attention.layer_norm_rms_epsilon"),

@@ -96,6 +96,11 @@ class PrefixCache:
         if self._shape is None:
             t = self.target
             u = int(t.n_ubatch)
+            if not getattr(t, "can_rollback", True):
+                # a recurrent state cannot drop a suffix: no measuring (it rolls back), and no
+                # reuse but of whole prompts (prepare clears the cache otherwise)
+                self._shape = (u, False)
+                return self._shape
             if not self._given():
                 e = t.exact_rows(min(u, MAX_VERIFY_ROWS))
                 if e >= AUTO_MIN_ROWS:
@@ -111,7 +116,7 @@ class PrefixCache:
     def measures_first(self) -> bool:
         """Whether :meth:`shape` will first measure the target's exact batch size (seconds, once
         per model and machine): front ends say so before a user waits for it."""
-        if self._shape is not None:
+        if self._shape is not None or not getattr(self.target, "can_rollback", True):
             return False
         u = int(self.target.n_ubatch)
         if self._given():

@@ -241,8 +241,11 @@ MOA_API int32_t     moa_state_get_ca_cache(const moa_state * state, float * k, f
 /* ---------------------------------------------------------------- target capture */
 
 /* A capture collects, during each llama_decode of a target context whose cb_eval is
- * moa_capture_eval_cb and cb_eval_user_data the capture, the post-RoPE K ("Kcur-<il>", ROPE
- * op) and V ("Vcur-<il>") of every layer and every batch row (all ubatches, in order).
+ * moa_capture_eval_cb and cb_eval_user_data the capture, the K and V rows every attention layer
+ * writes into llama.cpp's KV cache (post-RoPE K; every batch row, all ubatches, in order).
+ * n_layer: the model's layer count (llama_model_n_layer). The layers captured are those with a
+ * KV cache, found by the first decode (all of them but in hybrid models, whose recurrent layers
+ * have none): moa_capture_n_layer / moa_capture_layer_ids.
  * unpermute_k: undo llama.cpp's per-head Q/K row permutation (NORM-rope targets) so K is in
  * HF layout. Returns NULL on bad arguments. */
 MOA_API moa_capture * moa_capture_init(int32_t n_layer, bool unpermute_k);
@@ -259,7 +262,12 @@ MOA_API int32_t       moa_capture_n_rows(const moa_capture * cap);
 /* Shapes seen: KV heads and head dim (0 before the first capture). */
 MOA_API int32_t       moa_capture_n_head_kv(const moa_capture * cap);
 MOA_API int32_t       moa_capture_head_dim(const moa_capture * cap);
-/* Gather rows (indices into the captured rows) as LSA input [n_rows][n_layer][W],
+/* Layers captured (0 before the first decode), and their model layer indices: writes up to n
+ * of them to out and returns how many there are (or a negative status). */
+MOA_API int32_t       moa_capture_n_layer(const moa_capture * cap);
+MOA_API int32_t       moa_capture_layer_ids(const moa_capture * cap, int32_t * out, int32_t n);
+/* Gather rows (indices into the captured rows) as LSA input [n_rows][n_layer][W] (n_layer:
+ * moa_capture_n_layer),
  * W = 2 * n_head_kv * head_dim, head-interleaved [K_h | V_h]. */
 MOA_API int32_t       moa_capture_get(const moa_capture * cap, const int32_t * rows, int32_t n_rows, float * lsa_in);
 

@@ -6,42 +6,49 @@ namespace moa_target_arch {
 
 namespace {
 
-// llama.cpp names K / V "Kcur-<il>" / "Vcur-<il>" in every graph (llama-context.cpp
-// graph_get_cb); gemma3 names its K-norm output "Kcur_normed" and then its ROPE "Kcur".
-constexpr const char * K = "Kcur";
-constexpr const char * V = "Vcur";
 constexpr embd_scale ONE = embd_scale::one, SQRT = embd_scale::sqrt_n_embd;
 
-// name              qk_permuted scale  tli    capture k  v
+// name              qk_permuted scale  tli    capture
 const std::vector<target_arch> TABLE = {
-    {"llama",            true,  ONE,  true,  true,  K, V},
-    {"mistral",          true,  ONE,  false, false, K, V},
-    {"granite",          true,  ONE,  false, false, K, V},
-    {"deci",             true,  ONE,  false, false, K, V},
-    {"qwen2",            false, ONE,  false, true,  K, V},
-    {"gemma",            false, SQRT, false, false, K, V},
-    {"gemma2",           false, SQRT, false, false, K, V},
-    {"gemma3",           false, SQRT, false, true,  K, V},
-    {"gemma3n",          false, SQRT, false, false, K, V},
-    {"gemma-embedding",  false, SQRT, false, false, K, V},
-    {"gemma4",           false, SQRT, false, false, K, V},
-    {"gemma4-assistant", false, SQRT, false, false, K, V},
+    {"llama", true,  ONE,  true,  true},
+    {"mistral", true,  ONE,  false, false},
+    {"granite", true,  ONE,  false, true},
+    {"deci", true,  ONE,  false, false},
+    {"qwen2", false, ONE,  false, true},
+    {"gemma", false, SQRT, false, true},
+    {"gemma2", false, SQRT, false, true},
+    {"gemma3", false, SQRT, false, true},
+    {"gemma3n", false, SQRT, false, false},
+    {"gemma-embedding", false, SQRT, false, false},
+    {"gemma4", false, SQRT, false, false},
+    {"gemma4-assistant", false, SQRT, false, false},
+    // K/V capture checked against transformers on tiny checkpoints (tests/test_archs.py)
+    {"qwen3", false, ONE,  false, true},
+    {"qwen3moe", false, ONE,  false, true},
+    {"qwen2moe", false, ONE,  false, true},
+    {"phi3", false, ONE,  false, true},
+    {"gpt-oss", false, ONE,  false, true},
+    {"olmo2", false, ONE,  false, true},
+    {"olmo", true,  ONE,  false, true},
+    {"granitemoe", true,  ONE,  false, true},
+    {"smollm3", true,  ONE,  false, true},
+    {"glm4", false, ONE,  false, true},
+    {"stablelm", false, ONE,  false, true},
+    {"starcoder2", false, ONE,  false, true},
+    {"seed_oss", false, ONE,  false, true},
+    {"command-r", false, ONE,  false, true},
+    {"arcee", true,  ONE,  false, true},
+    {"ernie4_5", false, ONE,  false, true},
+    {"gpt2", false, ONE,  false, true},
+    {"gptneox", false, ONE,  false, true},
+    {"bloom", false, ONE,  false, true},
+    {"lfm2", false, ONE,  false, true},
 };
 
 std::string join_names(bool target_arch::*flag) {
     std::string out;
     for (const target_arch & a : TABLE) {
         if (a.*flag) out += std::string(out.empty() ? "" : "/") + a.name;
-    }
-    return out;
-}
-
-std::vector<std::string> distinct(const char * target_arch::*field) {
-    std::vector<std::string> out;
-    for (const target_arch & a : TABLE) {
-        bool seen = false;
-        for (const std::string & s : out) seen = seen || s == a.*field;
-        if (!seen) out.push_back(a.*field);
     }
     return out;
 }
@@ -59,7 +66,7 @@ const target_arch * find(const std::string & name) {
 
 target_arch lookup(const std::string & name) {
     const target_arch * a = find(name);
-    return a ? *a : target_arch{"", false, ONE, false, false, K, V};
+    return a ? *a : target_arch{"", false, ONE, false, false};
 }
 
 double embedding_scale(const std::string & name, int64_t n_embd) {
@@ -67,16 +74,5 @@ double embedding_scale(const std::string & name, int64_t n_embd) {
 }
 
 std::string tli_names() { return join_names(&target_arch::tli); }
-std::string capture_names() { return join_names(&target_arch::capture); }
-
-const std::vector<std::string> & k_nodes() {
-    static const std::vector<std::string> names = distinct(&target_arch::k_node);
-    return names;
-}
-
-const std::vector<std::string> & v_nodes() {
-    static const std::vector<std::string> names = distinct(&target_arch::v_node);
-    return names;
-}
 
 }  // namespace moa_target_arch

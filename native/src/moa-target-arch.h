@@ -4,9 +4,9 @@
 // through moa_target_arch_count() / moa_target_arch_name() / moa_target_arch_flags() (moa.h).
 //
 // Read by the loader (layer-0 embedding scale, which targets TLI can run, whether their Q/K
-// rows were permuted) and the capture (the K/V node names of the target's graph). An
-// architecture not in the table gets the defaults of unknown(): embedding scale 1, no TLI, Q/K
-// rows taken as not permuted, the K/V node names llama.cpp gives every graph.
+// rows were permuted). The capture needs no row: it takes what every architecture writes into
+// llama.cpp's KV cache (moa-capture.cpp). An architecture not in the table gets the defaults of
+// lookup(): embedding scale 1, no TLI, Q/K rows taken as not permuted.
 // Adding an architecture: one row here, one in moa_cpp/arch.py.
 #pragma once
 
@@ -24,9 +24,7 @@ struct target_arch {
     bool         qk_permuted; // NORM RoPE: Q/K rows permuted per head (docs/drafter.md#k-permutation)
     embd_scale   scale;       // Gemma graphs: ggml_scale(inpL, sqrtf(n_embd)) (src/models/gemma*.cpp)
     bool         tli;         // TLI N > 0 can run its decoder layers (a plain llama block, ref docs/drafter.md#tli)
-    bool         capture;     // the K/V capture is verified on its llama.cpp graph (tests)
-    const char * k_node;      // "<k_node>-<il>" with op ROPE: the post-RoPE K of layer il
-    const char * v_node;      // "<v_node>-<il>": V of layer il (the last such node of the layer)
+    bool         capture;     // the K/V capture is checked against transformers on its graph (tests)
 };
 
 // What a bundled drafter (target tensors inside the drafter file) that does not record
@@ -42,11 +40,7 @@ target_arch lookup(const std::string & name);
 
 // Layer-0 embedding scale of a target of this architecture and width.
 double embedding_scale(const std::string & name, int64_t n_embd);
-// Names of the rows with tli / capture set, joined with "/" (for error messages).
+// Names of the rows with tli set, joined with "/" (for error messages).
 std::string tli_names();
-std::string capture_names();
-// The distinct K / V node names of all rows (the capture watches each).
-const std::vector<std::string> & k_nodes();
-const std::vector<std::string> & v_nodes();
 
 }  // namespace moa_target_arch

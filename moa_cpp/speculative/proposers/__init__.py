@@ -54,6 +54,25 @@ def parse_spec_type(spec: Union[str, Sequence[str], None]) -> tuple:
     return tuple(parts)
 
 
+def _followable(kinds: tuple, target) -> tuple:
+    """``kinds`` less what ``target``'s architecture cannot take, each refusal said in one line
+    (moa_cpp.arch: recurrent and hybrid targets decode plainly; the drafter needs attention K/V)."""
+    import logging
+
+    from ...arch import drafter_refusal, speculation_refusal
+
+    arch = getattr(target, "arch", "?")
+    why = speculation_refusal(arch, getattr(target, "recurrent", False), getattr(target, "hybrid", False))
+    if why:
+        logging.getLogger("moa_cpp").warning("speculation off: %s; decoding plainly", why)
+        return ()
+    why = drafter_refusal(arch) if "moa" in kinds else None
+    if why:
+        logging.getLogger("moa_cpp").warning("MoA drafting off: %s", why)
+        return tuple(k for k in kinds if k != "moa")
+    return kinds
+
+
 def make_proposer(kinds: Union[str, Sequence[str], None], target, config: DraftConfig, *, drafter=None,
                   draft_model: Union[str, Path, None] = None, n_ctx: Optional[int] = None,
                   n_threads: Optional[int] = None, n_gpu_layers: int = 0,
@@ -68,6 +87,10 @@ def make_proposer(kinds: Union[str, Sequence[str], None], target, config: DraftC
     from ...errors import InvalidArgumentError
 
     kinds = parse_spec_type(kinds)
+    if target is not None and kinds:
+        kinds = _followable(kinds, target)
+        if not kinds:
+            return None
     n_ctx = n_ctx or target.n_ctx
     n_batch = target.n_batch if target is not None else 512
     parts: list = []
