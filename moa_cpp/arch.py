@@ -104,7 +104,8 @@ def drafter_refusal(arch: str) -> Optional[str]:
     """Why the MoA drafter cannot follow a target of ``arch`` (one line), or None: the drafter
     reads the K/V of attention layers, which ``attention`` and ``hybrid`` targets have."""
     kind, why = llama_kind(arch)
-    return None if kind in ("attention", "hybrid") else f"{arch}: {why}"
+    # unknown: a name the linked llama.cpp does not have (it will not load such a file anyway)
+    return None if kind in ("attention", "hybrid", "unknown") else f"{arch}: {why}"
 
 
 def speculation_refusal(arch: str, recurrent: bool = False, hybrid: bool = False) -> Optional[str]:
