@@ -149,10 +149,9 @@ def test_train_and_speculate(built: dict, arch: str, tmp_path: Path) -> None:
     assert code == 0 and (out / "drafter.gguf").is_file()
 
     def run(loop, ids, cfg):
-        toks, drafted = [], 0
+        toks = []
         for ev in loop.run(ids, GEN_TOKENS, SamplingParams(), cfg):
             toks += ev.tokens
-            drafted = ev.stats.drafted if hasattr(ev.stats, "drafted") else drafted
         return toks
 
     with Target.from_path(entry["gguf"], n_ctx=256) as tgt:

@@ -183,10 +183,7 @@ def _texts(n: int = 1500) -> list[str]:
 
     out = []
     for conv in iter_conversations():
-        for m in conv.messages if hasattr(conv, "messages") else conv:
-            text = m.get("value") or m.get("content") if isinstance(m, dict) else str(m)
-            if text:
-                out.append(text)
+        out += [m["content"] for m in conv.messages if m.get("content")]
         if len(out) >= n:
             break
     return out
