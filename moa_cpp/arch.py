@@ -53,7 +53,7 @@ class TargetArch:
 
 TARGET_ARCHS: tuple[TargetArch, ...] = (
     TargetArch("llama", qk_permuted=True, tli=True, capture=True, torch_target=True, snapshot_model_type="llama"),
-    TargetArch("mistral", qk_permuted=True),
+    TargetArch("mistral3", qk_permuted=True, capture=True),
     TargetArch("granite", qk_permuted=True, capture=True),
     TargetArch("deci", qk_permuted=True),
     # llama.cpp runs qwen2 with NEOX rope: its converter left the Q/K rows in HF order.
@@ -108,15 +108,27 @@ def drafter_refusal(arch: str) -> Optional[str]:
     return None if kind in ("attention", "hybrid", "unknown") else f"{arch}: {why}"
 
 
-def speculation_refusal(arch: str, recurrent: bool = False, hybrid: bool = False) -> Optional[str]:
+def speculation_refusal(arch: str, recurrent: bool = False, hybrid: bool = False,
+                        rollback_limit: Optional[int] = None) -> Optional[str]:
     """Why no draft of any kind can be verified on ``arch`` (one line), or None. A rejected draft
-    is rolled back by removing KV cells; a recurrent state cannot be cut back that way
-    (llama.cpp's recurrent memory refuses a partial seq_rm)."""
+    is rolled back by removing KV cells; a recurrent state cannot be cut back that way, only
+    through llama.cpp's per-token snapshots of it (``rollback_limit`` > 0: the target's
+    :attr:`~moa_cpp.target_context.TargetContext.rollback_limit`, None where not known)."""
     kind, why = llama_kind(arch)
+    stateful = recurrent or hybrid or kind in ("recurrent", "hybrid")
+    if stateful and rollback_limit:
+        return None
     if recurrent or kind == "recurrent":
         return f"{arch}: a recurrent model: a rejected draft cannot be rolled back"
+    from .llama_archs import RS_ROLLBACK
+
+    if (hybrid or kind == "hybrid") and arch in RS_ROLLBACK:
+        # llama.cpp snapshots this state, the caller does not use them (a continuous-batching slot)
+        return (f"{arch}: a hybrid model (recurrent layers): continuous batching does not roll its recurrent state "
+                "back (--no-cont-batching verifies drafts)")
     if hybrid or kind == "hybrid":
-        return f"{arch}: {why}"
+        return (f"{arch}: a hybrid model (recurrent layers): llama.cpp keeps no per-token snapshots of its "
+                "recurrent state, so a rejected draft cannot be rolled back")
     return None
 
 

@@ -5,8 +5,9 @@ attention): do not edit by hand.
 
 Kinds:
 - ``attention``: per-layer K/V in llama.cpp's KV cache: captured, trained on, drafted for;
-- ``hybrid``: attention layers between recurrent ones: captured and trained on; speculation
-  refused (the recurrent state's exact rollback is not wired yet), plain decoding runs;
+- ``hybrid``: attention layers between recurrent ones: captured and trained on; drafts verified
+  as chains where llama.cpp snapshots the recurrent state per token (exact rollback), else
+  speculation refused; plain decoding runs;
 - ``kv-shared``: layers reuse another layer's K/V (unchecked: refused);
 - ``mla``: multi-head latent attention (a compressed latent in the cache): refused;
 - ``recurrent``: no attention at all: refused, plain decoding runs;
@@ -41,7 +42,7 @@ LLAMA_ARCHS: dict[str, tuple[str, str]] = {
     'deepseek2': ('mla', 'multi-head latent attention: its cache holds a compressed latent, not per-head K/V (when the GGUF uses MLA)'),
     'deepseek2-ocr': ('mla', 'multi-head latent attention: its cache holds a compressed latent, not per-head K/V (when the GGUF uses MLA)'),
     'deepseek32': ('mla', 'multi-head latent attention: its cache holds a compressed latent, not per-head K/V (when the GGUF uses MLA)'),
-    'deepseek4': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; speculation needs an exact rollback of the recurrent state, not wired yet"),
+    'deepseek4': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; drafts are verified as chains (llama.cpp snapshots the recurrent state per token; no trees)"),
     'dflash': ('no-kv', 'an encoder-decoder model: the drafter follows decoder-only targets'),
     'dots1': ('attention', ''),
     'dots3note': ('mla', 'multi-head latent attention: its cache holds a compressed latent, not per-head K/V (when the GGUF uses MLA)'),
@@ -54,7 +55,7 @@ LLAMA_ARCHS: dict[str, tuple[str, str]] = {
     'exaone-moe': ('attention', ''),
     'exaone4': ('attention', ''),
     'falcon': ('attention', ''),
-    'falcon-h1': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; speculation needs an exact rollback of the recurrent state, not wired yet"),
+    'falcon-h1': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; llama.cpp keeps no per-token snapshots of its recurrent state, so a rejected draft cannot be rolled back: no speculation"),
     'gemma': ('attention', ''),
     'gemma-embedding': ('no-kv', 'llama.cpp keeps no KV cache for it (an encoder, embedding or non-text model)'),
     'gemma2': ('attention', ''),
@@ -72,7 +73,7 @@ LLAMA_ARCHS: dict[str, tuple[str, str]] = {
     'gptneox': ('attention', ''),
     'granite': ('attention', ''),
     'granite_swa': ('attention', ''),
-    'granitehybrid': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; speculation needs an exact rollback of the recurrent state, not wired yet"),
+    'granitehybrid': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; llama.cpp keeps no per-token snapshots of its recurrent state, so a rejected draft cannot be rolled back: no speculation"),
     'granitemoe': ('attention', ''),
     'graniteswitch': ('attention', ''),
     'grok': ('attention', ''),
@@ -86,14 +87,14 @@ LLAMA_ARCHS: dict[str, tuple[str, str]] = {
     'internlm2': ('attention', ''),
     'jais': ('attention', ''),
     'jais2': ('attention', ''),
-    'jamba': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; speculation needs an exact rollback of the recurrent state, not wired yet"),
+    'jamba': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; llama.cpp keeps no per-token snapshots of its recurrent state, so a rejected draft cannot be rolled back: no speculation"),
     'jina-bert-v2': ('no-kv', 'llama.cpp keeps no KV cache for it (an encoder, embedding or non-text model)'),
     'jina-bert-v3': ('no-kv', 'llama.cpp keeps no KV cache for it (an encoder, embedding or non-text model)'),
     'kimi-k3': ('mla', 'multi-head latent attention: its cache holds a compressed latent, not per-head K/V (when the GGUF uses MLA)'),
     'kimi-linear': ('mla', 'multi-head latent attention: its cache holds a compressed latent, not per-head K/V (when the GGUF uses MLA)'),
     'laguna': ('attention', ''),
-    'lfm2': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; speculation needs an exact rollback of the recurrent state, not wired yet"),
-    'lfm2moe': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; speculation needs an exact rollback of the recurrent state, not wired yet"),
+    'lfm2': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; drafts are verified as chains (llama.cpp snapshots the recurrent state per token; no trees)"),
+    'lfm2moe': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; drafts are verified as chains (llama.cpp snapshots the recurrent state per token; no trees)"),
     'llada': ('no-kv', 'a diffusion model: no causal decoding to speculate on'),
     'llada-moe': ('no-kv', 'a diffusion model: no causal decoding to speculate on'),
     'llama': ('attention', ''),
@@ -107,7 +108,7 @@ LLAMA_ARCHS: dict[str, tuple[str, str]] = {
     'mimo2': ('attention', ''),
     'minicpm': ('attention', ''),
     'minicpm3': ('attention', ''),
-    'minimax-01': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; speculation needs an exact rollback of the recurrent state, not wired yet"),
+    'minimax-01': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; llama.cpp keeps no per-token snapshots of its recurrent state, so a rejected draft cannot be rolled back: no speculation"),
     'minimax-m2': ('attention', ''),
     'minimax-m3': ('attention', ''),
     'mistral3': ('attention', ''),
@@ -117,8 +118,8 @@ LLAMA_ARCHS: dict[str, tuple[str, str]] = {
     'muse-glimmer': ('attention', ''),
     'nanbeige': ('attention', ''),
     'nemotron': ('attention', ''),
-    'nemotron_h': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; speculation needs an exact rollback of the recurrent state, not wired yet"),
-    'nemotron_h_moe': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; speculation needs an exact rollback of the recurrent state, not wired yet"),
+    'nemotron_h': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; drafts are verified as chains (llama.cpp snapshots the recurrent state per token; no trees)"),
+    'nemotron_h_moe': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; drafts are verified as chains (llama.cpp snapshots the recurrent state per token; no trees)"),
     'neo-bert': ('no-kv', 'llama.cpp keeps no KV cache for it (an encoder, embedding or non-text model)'),
     'nomic-bert': ('no-kv', 'llama.cpp keeps no KV cache for it (an encoder, embedding or non-text model)'),
     'nomic-bert-moe': ('no-kv', 'llama.cpp keeps no KV cache for it (an encoder, embedding or non-text model)'),
@@ -133,7 +134,7 @@ LLAMA_ARCHS: dict[str, tuple[str, str]] = {
     'phi3': ('attention', ''),
     'phimoe': ('attention', ''),
     'plamo': ('attention', ''),
-    'plamo2': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; speculation needs an exact rollback of the recurrent state, not wired yet"),
+    'plamo2': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; llama.cpp keeps no per-token snapshots of its recurrent state, so a rejected draft cannot be rolled back: no speculation"),
     'plamo3': ('attention', ''),
     'plm': ('attention', ''),
     'pockettts': ('attention', ''),
@@ -142,14 +143,14 @@ LLAMA_ARCHS: dict[str, tuple[str, str]] = {
     'qwen2moe': ('attention', ''),
     'qwen2vl': ('attention', ''),
     'qwen3': ('attention', ''),
-    'qwen35': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; speculation needs an exact rollback of the recurrent state, not wired yet"),
-    'qwen35moe': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; speculation needs an exact rollback of the recurrent state, not wired yet"),
+    'qwen35': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; drafts are verified as chains (llama.cpp snapshots the recurrent state per token; no trees)"),
+    'qwen35moe': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; drafts are verified as chains (llama.cpp snapshots the recurrent state per token; no trees)"),
     'qwen3moe': ('attention', ''),
-    'qwen3next': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; speculation needs an exact rollback of the recurrent state, not wired yet"),
+    'qwen3next': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; llama.cpp keeps no per-token snapshots of its recurrent state, so a rejected draft cannot be rolled back: no speculation"),
     'qwen3tts': ('attention', ''),
     'qwen3vl': ('attention', ''),
     'qwen3vlmoe': ('attention', ''),
-    'qwen4exp': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; speculation needs an exact rollback of the recurrent state, not wired yet"),
+    'qwen4exp': ('hybrid', "hybrid (attention between recurrent layers): the attention layers' K/V are captured; drafts are verified as chains (llama.cpp snapshots the recurrent state per token; no trees)"),
     'refact': ('attention', ''),
     'rnd1': ('no-kv', 'a diffusion model: no causal decoding to speculate on'),
     'rwkv6': ('recurrent', 'a recurrent model (state-space / RWKV): no per-layer K/V for the drafter to read'),
@@ -169,3 +170,7 @@ LLAMA_ARCHS: dict[str, tuple[str, str]] = {
     'wavtokenizer-dec': ('no-kv', 'llama.cpp keeps no KV cache for it (an encoder, embedding or non-text model)'),
     'xverse': ('attention', ''),
 }
+
+# llm_arch_supports_rs_rollback: llama.cpp keeps per-token snapshots of the recurrent state
+# (llama_context_params.n_rs_seq), so a rejected draft rolls back exactly
+RS_ROLLBACK: frozenset[str] = frozenset(['bailingmoe3', 'deepseek4', 'glm5-next', 'kimi-k3', 'lfm2', 'lfm2moe', 'nemotron_h', 'nemotron_h_moe', 'qwen35', 'qwen35moe', 'qwen4exp'])

@@ -36,6 +36,14 @@ _T = TypeVar("_T", bound="TargetContext")
 # differing by up to 0.7 logit from position 256 on; tests/test_same_answer.py checks it).
 LONE_ROW_CELLS = 256
 
+# Recurrent states (hybrid models' recurrent layers) cannot drop a suffix like KV cells can. Where
+# llama.cpp keeps per-token snapshots of them (llama_context_params.n_rs_seq, on the architectures
+# of its llm_arch_supports_rs_rollback: lfm2, qwen35, nemotron_h, ...), one rollback of up to this
+# many positions after each decode is exact: a verification batch drafts at most this many tokens.
+# llama-server sizes it by --draft-max (16); 8 keeps the snapshots' memory (1 + 8 states per
+# sequence) modest on large hybrids, and chains longer than 8 rarely pay.
+RS_ROLLBACK = 8
+
 class TargetContext(TargetText):
     """A GGUF target model with its own context and a native K/V capture.
 
@@ -171,8 +179,14 @@ class TargetContext(TargetText):
         self._kv_layers_checked = False
         self.recurrent: bool = bool(llama_cpp.llama_model_is_recurrent(self._model))
         self.hybrid: bool = bool(llama_cpp.llama_model_is_hybrid(self._model))
-        # a KV suffix can be dropped (rejected drafts, prompt reuse): not past a recurrent state
-        self.can_rollback: bool = not (self.recurrent or self.hybrid)
+        has_state = self.recurrent or self.hybrid
+        # a KV suffix can be dropped at will (rejected drafts, prompt reuse): not past a recurrent
+        # state, which rolls back only through llama.cpp's snapshots (rollback_limit)
+        self.can_rollback: bool = not has_state
+        # trees need a sequence per leaf; a recurrent state follows one sequence of tokens
+        self.holds_trees: bool = not has_state
+        if has_state and self.kv_unified:
+            n_seq_max = 1        # every sequence costs a recurrent state (times 1 + RS_ROLLBACK snapshots)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_embd: int = llama_cpp.llama_model_n_embd(self._model)
         self.n_head: int = llama_cpp.llama_model_n_head(self._model)
@@ -189,6 +203,8 @@ class TargetContext(TargetText):
         self._cap = check_ptr(lib.moa_capture_init(self.n_layer_model, self.rope_type == "norm"), "moa_capture_init")
         params = context_params(n_ctx, n_batch, n_ubatch, n_seq_max, threads, flash_attn=self.flash_attn,
                                 kv_unified=self.kv_unified, cache_type=cache_type)
+        if has_state:
+            params.n_rs_seq = RS_ROLLBACK      # llama.cpp clamps it to 0 where it cannot snapshot
         if install_callback:        # both ctypes objects kept on self: they must outlive the context
             self._cb, self._cb_ud = capture_callback(self._cap)
             params.cb_eval = self._cb
@@ -204,6 +220,11 @@ class TargetContext(TargetText):
         self.cache_type: str = cache_type
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._batch = LlamaBatch(n_batch, n_seq_max)
+        # how many trailing positions one rollback after a decode may drop exactly (None: any);
+        # a longer one (calibration, exactness checks) replays the kept tokens (rollback)
+        self.rollback_limit: Optional[int] = int(llama_cpp.llama_n_rs_seq(self._ctx)) if has_state else None
+        self._history: Optional[np.ndarray] = np.zeros(self.n_ctx, np.int32) if has_state else None
+        self.n_replays = 0      # rollbacks done by replaying (never in a speculative loop's cycle)
         if self.hybrid and install_callback:
             self.n_layer = self._probe_kv_layers()
 
@@ -278,6 +299,11 @@ class TargetContext(TargetText):
             raise InvalidArgumentError("decode(capture=True) on a Target built with install_callback=False")
         last_only = logits != "all"
         self.kv_version += 1
+        if self._history is not None and n:
+            if seq_ids is not None and any(np.ravel(x).tolist() != [0] for x in seq_ids):
+                raise InvalidArgumentError(f"decode: a {self.arch} target follows one sequence (a recurrent state)")
+            if pos.min() >= 0 and pos.max() < self.n_ctx:
+                self._history[pos] = toks
         if n == 1 and int(pos[0]) >= LONE_ROW_CELLS:
             p = int(pos[0])
             self.lone_row_from = p if self.lone_row_from is None else min(self.lone_row_from, p)
@@ -292,6 +318,8 @@ class TargetContext(TargetText):
         :attr:`kv_version` and :attr:`lone_row_from` of their own sequences."""
         if self._ctx is None:
             raise MoaError("Target is closed")
+        if self._history is not None and all(np.ravel(x).tolist() == [0] for x in seq_ids):
+            self._history[np.asarray(positions)] = tokens      # sequence 0: what a rollback replays
         self._batch.fill(tokens, positions, seq_ids, outputs=outputs)
         return self._run_batch(len(tokens), int(np.count_nonzero(outputs)), capture)
 
@@ -354,12 +382,37 @@ class TargetContext(TargetText):
         return np.ascontiguousarray(x[0]), np.ascontiguousarray(x[1])
 
     def rollback(self, pos: int) -> None:
-        """Drop every cached position >= ``pos`` in every sequence."""
+        """Drop every cached position >= ``pos`` in every sequence.
+
+        A target with a recurrent state (:attr:`rollback_limit` not None) drops up to
+        ``rollback_limit`` positions after a decode through llama.cpp's per-token snapshots (exact,
+        cheap: a rejected draft); a longer rollback, or a second one before the next decode, clears
+        the caches and decodes the kept tokens again (exact, as costly as their prefill)."""
         self.kv_version += 1
+        pos = int(pos)
         if self.lone_row_from is not None and self.lone_row_from >= pos:
             self.lone_row_from = None
-        if not llama_cpp.llama_memory_seq_rm(self._mem, -1, int(pos), -1):
-            raise MoaError(f"llama_memory_seq_rm(pos >= {pos}) failed: this target's memory cannot roll back")
+        if self._history is None:
+            if not llama_cpp.llama_memory_seq_rm(self._mem, -1, pos, -1):
+                raise MoaError(f"llama_memory_seq_rm(pos >= {pos}) failed: this target's memory cannot roll back")
+            return
+        n = self.n_past
+        if pos >= n:
+            return
+        # the recurrent memory is asked first and refuses without changing anything (more than
+        # rollback_limit positions, or a rollback already pending): then replay
+        if llama_cpp.llama_memory_seq_rm(self._mem, 0, max(pos, 0), -1):
+            return
+        self._replay(max(pos, 0))
+
+    def _replay(self, pos: int) -> None:
+        """Clear the caches and decode the first ``pos`` tokens of sequence 0 again."""
+        kept = self._history[:pos].copy()
+        self.clear()
+        self.n_replays += 1
+        for off in range(0, pos, self.n_batch):
+            chunk = kept[off: off + self.n_batch]
+            self.decode(chunk, np.arange(off, off + len(chunk), dtype=np.int32), capture=False, logits="last")
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Add sequence ``dst`` to the cells of ``src`` with positions in [p0, p1) (-1: open end).

@@ -287,6 +287,10 @@ class SlotTarget:
         self.lone_row_from: Optional[int] = None
         self.n_ctx = engine.n_ctx_slot
         self._lsa: Optional[np.ndarray] = None
+        # a recurrent state (hybrid targets) rolls back once per decode, through llama.cpp's
+        # snapshots; the engine's pad rows and shared decodes are not planned around that: slots of
+        # such a target decode plainly (speculation_refusal)
+        self.rollback_limit: Optional[int] = None if engine.target.rollback_limit is None else 0
 
     def __getattr__(self, name: str) -> Any:     # the shared target's (only for what is not set here)
         return getattr(self.__dict__["_engine"].target, name)

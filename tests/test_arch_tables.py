@@ -62,7 +62,7 @@ def test_declared_subsets():
     assert {"llama", "qwen2", "gemma3", "qwen3", "gpt-oss", "lfm2"} <= set(arch.names_where("capture"))
     assert arch.names_where("torch_target") == ("llama", "qwen2")
     assert layouts.SNAPSHOT_MODEL_TYPES == ("llama", "qwen2")
-    assert target_gguf.NORM_ROPE_ARCHS == ("llama", "mistral", "granite", "deci", "olmo", "granitemoe", "smollm3",
+    assert target_gguf.NORM_ROPE_ARCHS == ("llama", "mistral3", "granite", "deci", "olmo", "granitemoe", "smollm3",
                                            "arcee")
     assert all(a.name.startswith("gemma") == a.sqrt_embd_scale for a in arch.TARGET_ARCHS)
     assert all((a.builtin_chat_template == "gemma") == a.name.startswith("gemma") for a in arch.TARGET_ARCHS)
@@ -137,3 +137,16 @@ def test_native_layers_name_no_architecture(rel):
     code = re.sub(r"//[^\n]*", "", text)  # comments may name architectures
     found = {m for m in re.findall(r'"([A-Za-z0-9_-]+)"', code) if m in _NAMES}
     assert found == set()
+
+
+def test_readme_table_is_generated():
+    """README.md's architecture table is scripts/readme_archs.py's output for the current tables
+    (after a table change: python scripts/readme_archs.py --write)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "readme_archs.py"
+    spec = importlib.util.spec_from_file_location("readme_archs", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.current(), "README.md lost its generated architecture block"
+    assert mod.current() == mod.render(), "README.md's architecture table is stale: python scripts/readme_archs.py --write"

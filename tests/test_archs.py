@@ -57,19 +57,20 @@ def _prompt(n: int = PROMPT_LEN) -> list[int]:
     return [int(t) for t in rng.integers(3, tiny_archs.VOCAB, size=n)]
 
 
-def hf_kv(hf_dir: Path, ids: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def hf_kv(hf_dir: Path, ids: list[int], model_class: str = "AutoModelForCausalLM") -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """transformers' KV cache after one forward over ids: layer -> (K, V) [H, T, D] (attention
     layers only; a sliding-window layer's cache may hold only the last positions)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    import transformers
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
+    model = getattr(transformers, model_class).from_pretrained(hf_dir, torch_dtype=torch.float32)
     model.eval()
     with torch.no_grad():
         out = model(torch.tensor([ids]), use_cache=True)
     cache = out.past_key_values
     res = {}
-    n_layer = model.config.num_hidden_layers if hasattr(model.config, "num_hidden_layers") else model.config.n_layer
+    text = model.config.get_text_config()
+    n_layer = text.num_hidden_layers if hasattr(text, "num_hidden_layers") else text.n_layer
     for il in range(n_layer):
         k = v = None
         if hasattr(cache, "layers"):
@@ -100,7 +101,7 @@ def kv_errors(entry: dict) -> dict:
     """Largest |captured - transformers| of K and V over every attention layer."""
     ids = _prompt()
     k, v, layers, rope = captured(entry["gguf"], ids)
-    ref = hf_kv(entry["hf"], ids)
+    ref = hf_kv(entry["hf"], ids, entry["meta"].get("model_class", "AutoModelForCausalLM"))
     assert sorted(ref) == list(layers), f"attention layers: llama.cpp {layers}, transformers {sorted(ref)}"
     # llama.cpp's NORM rope rotates adjacent pairs; where the converter did not permute the Q/K
     # rows for it (the HF model itself rotates pairs), the drafter's rotate-half order is the
@@ -155,12 +156,9 @@ def test_train_and_speculate(built: dict, arch: str, tmp_path: Path) -> None:
         return toks
 
     with Target.from_path(entry["gguf"], n_ctx=256) as tgt:
-        if arch_table.speculation_refusal(arch, tgt.recurrent, tgt.hybrid):
-            # hybrid: the drafter trains on its attention layers; speculation is refused (the
-            # recurrent state's rollback is not wired), and the one factory says so
-            assert tgt.n_layer < tgt.n_layer_model
-            assert make_proposer(("ngram",), tgt, DraftConfig("chain", chain=3)) is None
-            return
+        if tgt.hybrid:
+            # the drafter reads the attention layers only
+            assert 0 < tgt.n_layer < tgt.n_layer_model
         drafter = DrafterModel(str(out / "drafter.gguf"), str(entry["gguf"]))
         state = DrafterState(drafter, n_ctx=256, n_draft_max=32, n_batch=64)
         plain = SpeculativeLoop(tgt, None, DraftConfig("none"))
@@ -168,9 +166,78 @@ def test_train_and_speculate(built: dict, arch: str, tmp_path: Path) -> None:
             ids = [int(t) for t in np.random.default_rng(seed).integers(3, tiny_archs.VOCAB, size=12)]
             ref = run(plain, ids, None)
             assert ref, "plain decoding wrote nothing"
+            # (a hybrid target verifies a tree's main path: its recurrent state follows one sequence)
             for cfg in (DraftConfig("chain", chain=3), DraftConfig("tree", depth=3, topk=2, total=6)):
-                loop = SpeculativeLoop(tgt, MoAProposer(state, cfg), cfg)
+                proposer = make_proposer(("moa",), tgt, cfg, drafter=drafter, n_ctx=256, n_draft_max=32)
+                assert isinstance(proposer, MoAProposer)
+                loop = SpeculativeLoop(tgt, proposer, cfg)
                 assert run(loop, ids, cfg) == ref, (arch, cfg)
+        del state
+
+
+HYBRIDS = [s.arch for s in tiny_archs.SPECS if not s.refused and s.arch in arch_table.names_where("capture")
+           and arch_table.llama_kind(s.arch)[0] == "hybrid"]
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_hybrid_rollback_is_exact(built: dict, arch: str) -> None:
+    """A hybrid target's recurrent state rolls back exactly after every partly rejected draft:
+    drafts that are right for a few tokens, then wrong (an oracle that knows plain decoding's
+    answer plants the errors), give plain decoding's tokens, chains longer than the recurrent
+    state's snapshots are cut to them, and no cycle falls back on replaying the prompt."""
+    from moa_cpp.llama_archs import RS_ROLLBACK
+    from moa_cpp.speculative.loop import SpeculativeLoop
+    from moa_cpp.speculative.types import DraftConfig, SamplingParams
+    from moa_cpp.target import Target
+    from moa_cpp.testing.oracle import OracleProposer
+
+    entry = _files(built, arch)
+    with Target.from_path(entry["gguf"], n_ctx=256) as tgt:
+        assert tgt.hybrid and not tgt.holds_trees and tgt.n_seq_max == 1
+        assert tgt.rollback_limit == (8 if arch in RS_ROLLBACK else 0)
+        ids = [int(t) for t in np.random.default_rng(3).integers(3, tiny_archs.VOCAB, size=16)]
+        n = 48
+
+        def run(loop, sp, cfg):
+            toks, stats = [], None
+            for ev in loop.run(ids, n, sp, cfg):
+                toks += ev.tokens
+                stats = ev.stats
+            return toks, stats
+
+        for sp in (SamplingParams(ignore_eos=True), SamplingParams(temperature=0.8, seed=5, ignore_eos=True)):
+            ref, _ = run(SpeculativeLoop(tgt, None, DraftConfig("none")), sp, None)
+            assert len(ref) == n
+            for cfg in (DraftConfig("chain", chain=4), DraftConfig("chain", chain=12),
+                        DraftConfig("tree", depth=4, topk=2, total=8)):
+                oracle = OracleProposer(ref, len(ids), 0.7, tgt.n_vocab, cfg, seed=11)
+                loop = SpeculativeLoop(tgt, oracle, cfg)
+                assert loop.batch_rows(cfg) <= tgt.rollback_limit + 1
+                replays = tgt.n_replays                   # after the (cached) exactness measurement
+                got, st = run(loop, sp, cfg)
+                assert got == ref, (arch, cfg, sp)
+                assert tgt.n_replays == replays, "a cycle replayed the prompt instead of rolling back"
+                # runs of several accepted drafts, and rejected drafts (each one a rollback)
+                accepted = [a - 1 for a in st.accept_lengths]
+                assert max(accepted) >= 2 and st.drafted > sum(accepted), (st.drafted, accepted)
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_hybrid_batched_slots_refuse_speculation(built: dict, arch: str, caplog) -> None:
+    """Continuous-batching slots of a hybrid target do not plan around the recurrent state's one
+    rollback per decode: the one factory refuses drafts for them, in one line, and they decode."""
+    from moa_cpp.speculative.proposers import make_proposer
+    from moa_cpp.speculative.types import DraftConfig
+    from moa_cpp.target import Target
+    from moa_cpp.target_slots import BatchEngine
+
+    entry = _files(built, arch)
+    with Target.from_path(entry["gguf"], n_ctx=256, n_seq_max=2, kv_unified=False) as tgt:
+        assert tgt.n_seq_max == 2 and tgt.rollback_limit == 8       # a state per stream, snapshots kept
+        slot = BatchEngine(tgt, 2, max_rows=8).slot(0)
+        assert make_proposer(("ngram",), slot, DraftConfig("chain", chain=3)) is None
+        assert f"speculation off: {arch}: a hybrid model (recurrent layers): continuous batching" in caplog.text
+        assert slot.decode([1, 2, 3]).shape == (3, tgt.n_vocab)
 
 
 def test_table_claims_what_is_checked() -> None:
@@ -189,21 +256,73 @@ def test_table_claims_what_is_checked() -> None:
         assert arch_table.drafter_refusal(name), name
 
 
+def _serve_answer(gguf: Path, *extra: str) -> tuple[str, str]:
+    """(greedy completion text of a fixed prompt, the server's stderr) from a real `moa-cpp serve`."""
+    from server_proc import ServerProc
+
+    srv = ServerProc("-m", str(gguf), "--n-ctx", "256", *extra)
+    try:
+        status, _, body = srv.post("/v1/completions", {"prompt": "Hello", "max_tokens": 8, "temperature": 0})
+        assert status == 200, body
+        return body["choices"][0]["text"], "".join(srv.stderr_lines)
+    finally:
+        srv.terminate()
+
+
 @pytest.mark.parametrize("arch", ["mamba"])
-def test_refused_architecture_decodes_plainly(built: dict, arch: str, tmp_path: Path) -> None:
-    """A recurrent target: `generate` decodes plainly with one line saying why no drafts; `train`
-    and `convert` stop with one line naming the architecture; never a traceback."""
+def test_refused_architecture_decodes_plainly(built: dict, arch: str, tmp_path: Path, fixture_dir: Path) -> None:
+    """A recurrent target: `generate` and `serve` decode plainly with one line saying why no
+    drafts (the same text as plain decoding); `train` and `convert` stop with one line naming the
+    architecture; never a traceback."""
     import subprocess
     import sys
 
     entry = _files(built, arch)
     moa = [sys.executable, "-m", "moa_cpp.cli"]
-    r = subprocess.run([*moa, "generate", "-m", str(entry["gguf"]), "-p", "Hello", "--max-tokens", "6",
-                        "--spec-type", "ngram"], capture_output=True, text=True, timeout=120)
+    gen = [*moa, "generate", "-m", str(entry["gguf"]), "-p", "Hello", "--max-tokens", "8", "--temp", "0"]
+    r = subprocess.run([*gen, "--spec-type", "ngram"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     assert f"speculation off: {arch}: a recurrent model" in r.stderr, r.stderr
+    plain = subprocess.run([*gen, "--spec-type", "none"], capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0 and plain.stdout == r.stdout, (plain.stdout, r.stdout)
+    text, err = _serve_answer(entry["gguf"], "--spec-type", "ngram")
+    assert f"speculation off: {arch}: a recurrent model" in err and "Traceback" not in err, err
+    assert text and text == plain.stdout[:-1], (text, plain.stdout)
     r = subprocess.run([*moa, "train", "--target", str(entry["gguf"]), "--out", str(tmp_path / "t"), "--steps", "1",
                         "--n-samples", "0", "--fixed-answers", "2"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert f"cannot follow {arch}: a recurrent model" in r.stderr, r.stderr
+    r = subprocess.run([*moa, "convert", str(fixture_dir / "drafter_hf"), "--target-gguf", str(entry["gguf"]),
+                        "-o", str(tmp_path / "d.gguf")], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"cannot follow {arch}: a recurrent model" in r.stderr, r.stderr
+    assert not (tmp_path / "d.gguf").exists()
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_hybrid_generate_and_serve(built: dict, arch: str) -> None:
+    """A hybrid target from the command line: `generate` and `serve` verify drafts (no refusal)
+    and write plain decoding's text; `serve -np 2` answers the same (its continuous-batching slots,
+    which do not plan around the recurrent state's one rollback per decode, decode plainly after
+    one line saying so; a target whose batched rows are not exact gets sessions of its own)."""
+    import subprocess
+    import sys
+
+    entry = _files(built, arch)
+    gen = [sys.executable, "-m", "moa_cpp.cli", "generate", "-m", str(entry["gguf"]), "-p", "Hello",
+           "--max-tokens", "8", "--temp", "0"]
+    plain = subprocess.run([*gen, "--spec-type", "none"], capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    r = subprocess.run([*gen, "--spec-type", "ngram"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "speculation off" not in r.stderr, r.stderr
+    assert r.stdout == plain.stdout
+    text, err = _serve_answer(entry["gguf"], "--spec-type", "ngram")
+    assert "speculation off" not in err and "Traceback" not in err, err
+    assert text == plain.stdout[:-1], (text, plain.stdout)
+    text, err = _serve_answer(entry["gguf"], "--spec-type", "ngram", "-np", "2")
+    assert "Traceback" not in err, err
+    assert text == plain.stdout[:-1], (text, plain.stdout)
+    if "continuous batching off" not in err:     # (a target whose batched rows are not exact runs apart)
+        assert f"speculation off: {arch}: a hybrid model (recurrent layers): continuous batching" in err, err

@@ -106,7 +106,10 @@ def _read_target(p: Path, size: int, mtime_ns: int) -> TargetInfo:
         head_count_kv=(max(int(x) for x in kv) if isinstance(kv, (list, tuple)) else int(kv)) if kv is not None
         else n_head,
         key_length=int(key_len) if key_len is not None else n_embd // n_head,
-        block_count=req("block_count"),
+        # the layers the drafter follows: those with a KV cache (a hybrid's attention layers: the
+        # ones with KV heads, where they are listed per layer), as the capture finds them
+        block_count=(sum(1 for x in kv if int(x)) if isinstance(kv, (list, tuple)) and any(int(x) for x in kv)
+                     else req("block_count")),
         rms_eps=_scalar(r, f"{arch}.attention.layer_norm_rms_epsilon"),
         rope_theta=_scalar(r, f"{arch}.rope.freq_base"),
         vocab_size=int(vocab) if vocab is not None else None,

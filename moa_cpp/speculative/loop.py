@@ -146,8 +146,13 @@ class SpeculativeLoop:
         impossible without giving up speculation, and greedy output can differ from plain
         decoding at near-ties only."""
         need = MAX_VERIFY_ROWS if cfg.mode == "tree" else cfg.max_nodes + 1
+        # a recurrent state rolls back at most rollback_limit drafts exactly (llama.cpp's snapshots)
+        limit = getattr(self.target, "rollback_limit", None)
+        if limit is not None:
+            need = min(need, limit + 1)
         r = self.target.exact_rows(need)
-        return r if r >= 2 else MAX_VERIFY_ROWS
+        rows = r if r >= 2 else MAX_VERIFY_ROWS
+        return rows if limit is None else min(rows, limit + 1)
 
     @property
     def max_batch_rows(self) -> int:

@@ -97,8 +97,8 @@ class PrefixCache:
             t = self.target
             u = int(t.n_ubatch)
             if not getattr(t, "can_rollback", True):
-                # a recurrent state cannot drop a suffix: no measuring (it rolls back), and no
-                # reuse but of whole prompts (prepare clears the cache otherwise)
+                # a recurrent state cannot drop a suffix at will: no measuring (it rolls back),
+                # no reuse (common)
                 self._shape = (u, False)
                 return self._shape
             if not self._given():
@@ -280,7 +280,8 @@ class PrefixCache:
         """Leading prompt tokens whose cells may be reused: held at their positions, at most all
         but the last (its row gives the first token), whole chunks under the aligned rule."""
         held = self._held()
-        if held is None or self.target.n_swa > 0:
+        # a recurrent state keeps no earlier prefix: reuse would replay it (TargetContext.rollback)
+        if held is None or self.target.n_swa > 0 or not getattr(self.target, "can_rollback", True):
             return 0
         n = min(held.size, prompt.size - 1)
         diff = np.flatnonzero(held[:n] != prompt[:n])

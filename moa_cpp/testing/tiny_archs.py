@@ -63,11 +63,15 @@ class TinySpec:
     refused: bool = False           # an architecture moa_cpp refuses (the test checks the one-line refusal)
     gelu: bool = False              # GELU MLP: ggml's CPU GELU reads an fp16 table (ggml-cpu/vec.h
     #                                 GGML_GELU_FP16), ~1e-3 relative after the first MLP
+    model_class: str = "AutoModelForCausalLM"   # the transformers class the converter knows the
+    #                                 checkpoint by (a vision-language one for some text models)
 
     def config_kwargs(self) -> dict[str, Any]:
         kw = dict(_BASE) if self.base else {}
         kw.update(self.kwargs)
         kw.update(vocab_size=VOCAB, initializer_range=INIT_STD)
+        if "text_config" in kw:      # a multimodal config: the language model's sizes live there
+            kw["text_config"] = dict(_BASE, **kw["text_config"], vocab_size=VOCAB, initializer_range=INIT_STD)
         return kw
 
 
@@ -108,6 +112,13 @@ SPECS: tuple[TinySpec, ...] = (
                                               num_attention_heads=4, rotary_pct=0.25), base=False,
              note="partial rotary, parallel residual", gelu=True),
     TinySpec("bloom", "BloomConfig", dict(hidden_size=64, n_layer=2, n_head=4), base=False, note="ALiBi, no RoPE", gelu=True),
+    TinySpec("mistral3", "Mistral3Config",
+             dict(text_config=dict(model_type="mistral", sliding_window=None),
+                  vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, head_dim=16, image_size=32, patch_size=16),
+                  spatial_merge_size=1), base=False, model_class="Mistral3ForConditionalGeneration",
+             note="Mistral's current models (Mistral Small 3.x, Ministral): the text part of the vision-language "
+                  "checkpoint"),
     TinySpec("lfm2", "Lfm2Config", dict(layer_types=["conv", "full_attention"], block_ff_dim=128,
                                         block_auto_adjust_ff_dim=False, conv_L_cache=3),
              note="hybrid: short convolutions + attention"),
@@ -213,11 +224,14 @@ def _make_checkpoint(spec: TinySpec, hf: Path, tok) -> None:
     import transformers
 
     cfg = getattr(transformers, spec.config)(**spec.config_kwargs())
-    cfg.bos_token_id = tok.bos_token_id
-    cfg.eos_token_id = tok.eos_token_id
-    cfg.pad_token_id = tok.pad_token_id
+    for c in (cfg, cfg.get_text_config()):      # the same object for a text-only config
+        c.bos_token_id = tok.bos_token_id
+        c.eos_token_id = tok.eos_token_id
+        c.pad_token_id = tok.pad_token_id
     torch.manual_seed(SEED)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    cls = getattr(transformers, spec.model_class)
+    model = (cls.from_config(cfg, torch_dtype=torch.float32) if spec.model_class.startswith("Auto")
+             else cls(cfg).to(torch.float32))
     # every matrix redrawn at INIT_STD (some models' _init_weights ignore initializer_range);
     # norms keep their init (1 or 0), biases get small values
     with torch.no_grad():
@@ -263,6 +277,13 @@ def _convert(hf: Path, out: Path) -> dict:
 
             def get_vocab_base_pre(self, tokenizer) -> str:
                 return "gpt-2"
+
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                impl = getattr(self, "impl", None)       # a wrapper writing through another model class
+                if impl is not None:
+                    impl.set_vocab = impl._set_vocab_gpt2
+                    impl.get_vocab_base_pre = lambda tokenizer: "gpt-2"
 
         Tiny.__name__ = cls.__name__
         return Tiny
@@ -315,7 +336,8 @@ def _main(argv: list[str]) -> int:
         try:
             _make_checkpoint(spec, tmp / "hf", tok)
             meta = _convert(tmp / "hf", tmp / "model.gguf")
-            meta.update(arch=arch, config=spec.config, kwargs=spec.config_kwargs(), init_std=INIT_STD, seed=SEED)
+            meta.update(arch=arch, config=spec.config, model_class=spec.model_class, kwargs=spec.config_kwargs(),
+                        init_std=INIT_STD, seed=SEED)
         except BaseException as e:  # noqa: BLE001 -- recorded per architecture, the others go on
             import traceback
 

@@ -84,9 +84,10 @@ struct gguf_file {
         return gguf_get_val_str(gctx, id);
     }
 
-    // Integer key of any integer type; arrays allowed when every element is equal
-    // (some archs store per-layer head counts).
-    int64_t integer(const char * k, int64_t def = INT64_MIN) const {
+    // Integer key of any integer type; arrays allowed when every element is equal (some archs
+    // store per-layer head counts), zeros left out with skip_zero (hybrid models list 0 KV heads
+    // for their recurrent layers).
+    int64_t integer(const char * k, int64_t def = INT64_MIN, bool skip_zero = false) const {
         const int64_t id = key(k);
         if (id < 0) {
             if (def != INT64_MIN) return def;
@@ -100,13 +101,17 @@ struct gguf_file {
                 moa_throw(MOA_ERR_FORMAT, "'%s': metadata key '%s' has an unsupported array type", path.c_str(), k);
             }
             const int32_t * v = (const int32_t *) gguf_get_arr_data(gctx, id);
-            for (size_t i = 1; i < n; ++i) {
-                if (v[i] != v[0]) {
+            int64_t first = INT64_MIN;
+            for (size_t i = 0; i < n; ++i) {
+                if (skip_zero && v[i] == 0) continue;
+                if (first == INT64_MIN) {
+                    first = v[i];
+                } else if (v[i] != first) {
                     moa_throw(MOA_ERR_MISMATCH, "'%s': '%s' differs between layers; per-layer sizes are not supported",
                               path.c_str(), k);
                 }
             }
-            return v[0];
+            return first == INT64_MIN ? 0 : first;
         }
         switch (t) {
             case GGUF_TYPE_UINT8:  return gguf_get_val_u8(gctx, id);
@@ -120,6 +125,19 @@ struct gguf_file {
             default:
                 moa_throw(MOA_ERR_FORMAT, "'%s': metadata key '%s' is not an integer", path.c_str(), k);
         }
+    }
+
+    // How many layers a per-layer integer array `k` gives a value other than 0 (a hybrid model's
+    // attention layers, for its head_count_kv), or -1 when `k` is absent or a single value.
+    int64_t nonzero_layers(const char * k) const {
+        const int64_t id = key(k);
+        if (id < 0 || gguf_get_kv_type(gctx, id) != GGUF_TYPE_ARRAY) return -1;
+        const gguf_type at = gguf_get_arr_type(gctx, id);
+        if (at != GGUF_TYPE_UINT32 && at != GGUF_TYPE_INT32) return -1;
+        const int32_t * v = (const int32_t *) gguf_get_arr_data(gctx, id);
+        int64_t count = 0;
+        for (size_t i = 0; i < gguf_get_arr_n(gctx, id); ++i) count += v[i] != 0;
+        return count;
     }
 
     double real(const char * k, double def = NAN) const {
@@ -517,10 +535,13 @@ struct target_source {
 std::vector<std::string> target_mismatches(const gguf_file & tf, const std::string & tarch, moa_hparams & hp) {
     std::vector<std::string> mism;
     auto tkey = [&](const char * suffix) { return tarch + "." + suffix; };
-    const int64_t t_layers = tf.integer(tkey("block_count").c_str());
     const int64_t t_embd_n = tf.integer(tkey("embedding_length").c_str());
-    const int64_t t_head   = tf.integer(tkey("attention.head_count").c_str());
-    const int64_t t_kv     = tf.integer(tkey("attention.head_count_kv").c_str(), t_head);
+    const int64_t t_head   = tf.integer(tkey("attention.head_count").c_str(), INT64_MIN, true);
+    const int64_t t_kv     = tf.integer(tkey("attention.head_count_kv").c_str(), t_head, true);
+    // the layers the drafter follows: those with a KV cache (a hybrid's attention layers, where
+    // head_count_kv is listed per layer with 0 on the recurrent ones), as the capture finds them
+    const int64_t kv_layers = tf.nonzero_layers(tkey("attention.head_count_kv").c_str());
+    const int64_t t_layers  = kv_layers > 0 ? kv_layers : tf.integer(tkey("block_count").c_str());
     const int64_t t_hd     = tf.integer(tkey("attention.key_length").c_str(), t_head > 0 ? t_embd_n / t_head : 0);
     char buf[256];
     if (hp.n_target_layers == 0) {

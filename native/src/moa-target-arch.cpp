@@ -11,7 +11,7 @@ constexpr embd_scale ONE = embd_scale::one, SQRT = embd_scale::sqrt_n_embd;
 // name              qk_permuted scale  tli    capture
 const std::vector<target_arch> TABLE = {
     {"llama", true,  ONE,  true,  true},
-    {"mistral", true,  ONE,  false, false},
+    {"mistral3", true,  ONE,  false, true},
     {"granite", true,  ONE,  false, true},
     {"deci", true,  ONE,  false, false},
     {"qwen2", false, ONE,  false, true},

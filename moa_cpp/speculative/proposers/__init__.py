@@ -56,13 +56,15 @@ def parse_spec_type(spec: Union[str, Sequence[str], None]) -> tuple:
 
 def _followable(kinds: tuple, target) -> tuple:
     """``kinds`` less what ``target``'s architecture cannot take, each refusal said in one line
-    (moa_cpp.arch: recurrent and hybrid targets decode plainly; the drafter needs attention K/V)."""
+    (moa_cpp.arch: a recurrent state that cannot roll back decodes plainly; the drafter needs
+    attention K/V)."""
     import logging
 
     from ...arch import drafter_refusal, speculation_refusal
 
     arch = getattr(target, "arch", "?")
-    why = speculation_refusal(arch, getattr(target, "recurrent", False), getattr(target, "hybrid", False))
+    why = speculation_refusal(arch, getattr(target, "recurrent", False), getattr(target, "hybrid", False),
+                              getattr(target, "rollback_limit", None))
     if why:
         logging.getLogger("moa_cpp").warning("speculation off: %s; decoding plainly", why)
         return ()
