@@ -91,8 +91,8 @@ SPECS: tuple[TinySpec, ...] = (
     TinySpec("gpt-oss", "GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
                                              sliding_window=8, layer_types=["sliding_attention", "full_attention"],
                                              rope_scaling=None),
-             note="attention sinks, sliding window, MoE; YaRN off: with gpt-oss's YaRN (factor 32) llama.cpp's "
-                  "layer-0 K differs from transformers' by 0.11 (open)"),
+             note="attention sinks, sliding window, MoE; RoPE unscaled: training refuses scaled RoPE (YaRN) targets "
+                  "(docs/architectures.md)"),
     TinySpec("olmo2", "Olmo2Config", note="Q/K norms over all heads, post-norms"),
     TinySpec("olmo", "OlmoConfig", note="non-parametric layer norm"),
     TinySpec("granite", "GraniteConfig", note="embedding / residual / attention multipliers"),
