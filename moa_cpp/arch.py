@@ -87,6 +87,7 @@ TARGET_ARCHS: tuple[TargetArch, ...] = (
     TargetArch("gptneox", capture=True),
     TargetArch("bloom", capture=True),
     TargetArch("lfm2", capture=True),
+    TargetArch("qwen3next", capture=True),
 )
 
 _BY_NAME = {a.name: a for a in TARGET_ARCHS}

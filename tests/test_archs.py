@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from moa_cpp import arch as arch_table
+from moa_cpp.llama_archs import RS_ROLLBACK
 from moa_cpp.testing import tiny_archs
 from moa_cpp.testing.arch_check import KV_ATOL, kv_errors, tolerance
 
@@ -81,6 +82,12 @@ def test_train_and_speculate(built: dict, arch: str, tmp_path: Path) -> None:
             # the drafter reads the attention layers only
             assert 0 < tgt.n_layer < tgt.n_layer_model
         drafter = DrafterModel(str(out / "drafter.gguf"), str(entry["gguf"]))
+        if arch_table.speculation_refusal(arch, tgt.recurrent, tgt.hybrid, tgt.rollback_limit):
+            # a hybrid whose recurrent state llama.cpp does not snapshot: trained on, drafts refused
+            assert arch in NO_RS_HYBRIDS and tgt.rollback_limit == 0
+            cfg = DraftConfig("chain", chain=3)
+            assert make_proposer(("moa",), tgt, cfg, drafter=drafter, n_ctx=256, n_draft_max=32) is None
+            return
         state = DrafterState(drafter, n_ctx=256, n_draft_max=32, n_batch=64)
         plain = SpeculativeLoop(tgt, None, DraftConfig("none"))
         for seed in (1, 2):
@@ -96,8 +103,9 @@ def test_train_and_speculate(built: dict, arch: str, tmp_path: Path) -> None:
         del state
 
 
-HYBRIDS = [s.arch for s in tiny_archs.SPECS if not s.refused and s.arch in arch_table.names_where("capture")
-           and arch_table.llama_kind(s.arch)[0] == "hybrid"]
+_HYBRIDS = [s.arch for s in tiny_archs.SPECS if not s.refused and arch_table.llama_kind(s.arch)[0] == "hybrid"]
+HYBRIDS = [a for a in _HYBRIDS if a in RS_ROLLBACK]          # llama.cpp snapshots their recurrent state
+NO_RS_HYBRIDS = [a for a in _HYBRIDS if a not in RS_ROLLBACK]
 
 
 @pytest.mark.parametrize("arch", HYBRIDS)
@@ -106,7 +114,6 @@ def test_hybrid_rollback_is_exact(built: dict, arch: str) -> None:
     drafts that are right for a few tokens, then wrong (an oracle that knows plain decoding's
     answer plants the errors), give plain decoding's tokens, chains longer than the recurrent
     state's snapshots are cut to them, and no cycle falls back on replaying the prompt."""
-    from moa_cpp.llama_archs import RS_ROLLBACK
     from moa_cpp.speculative.loop import SpeculativeLoop
     from moa_cpp.speculative.types import DraftConfig, SamplingParams
     from moa_cpp.target import Target
@@ -247,3 +254,21 @@ def test_hybrid_generate_and_serve(built: dict, arch: str) -> None:
     assert text == plain.stdout[:-1], (text, plain.stdout)
     if "continuous batching off" not in err:     # (a target whose batched rows are not exact runs apart)
         assert f"speculation off: {arch}: a hybrid model (recurrent layers): continuous batching" in err, err
+
+
+@pytest.mark.parametrize("arch", NO_RS_HYBRIDS)
+def test_hybrid_without_snapshots_decodes_plainly(built: dict, arch: str) -> None:
+    """A hybrid whose recurrent state llama.cpp keeps no snapshots of: `generate` says in one line
+    why it does not draft, and writes plain decoding's text."""
+    import subprocess
+    import sys
+
+    entry = _files(built, arch)
+    gen = [sys.executable, "-m", "moa_cpp.cli", "generate", "-m", str(entry["gguf"]), "-p", "Hello",
+           "--max-tokens", "8", "--temp", "0"]
+    plain = subprocess.run([*gen, "--spec-type", "none"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*gen, "--spec-type", "ngram"], capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0 and r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert (f"speculation off: {arch}: a hybrid model (recurrent layers): llama.cpp keeps no per-token snapshots"
+            in r.stderr), r.stderr
+    assert r.stdout == plain.stdout

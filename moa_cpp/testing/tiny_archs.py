@@ -65,6 +65,7 @@ class TinySpec:
     #                                 GGML_GELU_FP16), ~1e-3 relative after the first MLP
     model_class: str = "AutoModelForCausalLM"   # the transformers class the converter knows the
     #                                 checkpoint by (a vision-language one for some text models)
+    convert_args: tuple = ()        # converter options this checkpoint needs (as a user would pass them)
 
     def config_kwargs(self) -> dict[str, Any]:
         kw = dict(_BASE) if self.base else {}
@@ -122,6 +123,13 @@ SPECS: tuple[TinySpec, ...] = (
     TinySpec("lfm2", "Lfm2Config", dict(layer_types=["conv", "full_attention"], block_ff_dim=128,
                                         block_auto_adjust_ff_dim=False, conv_L_cache=3),
              note="hybrid: short convolutions + attention"),
+    TinySpec("qwen3next", "Qwen3NextConfig",
+             dict(_MOE, layer_types=["linear_attention", "full_attention"], full_attention_interval=2,
+                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                  linear_conv_kernel_dim=4, shared_expert_intermediate_size=32, decoder_sparse_step=1),
+             convert_args=("--no-mtp",),    # a transformers checkpoint has no MTP head to export
+             note="hybrid without recurrent-state snapshots in llama.cpp: gated delta-net layers + gated "
+                  "attention; captured and trained on, speculation refused"),
     TinySpec("mamba", "MambaConfig", dict(hidden_size=64, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=4),
              base=False, refused=True, note="recurrent: refused, decodes plainly"),
 )
@@ -244,7 +252,7 @@ def _make_checkpoint(spec: TinySpec, hf: Path, tok) -> None:
     tok.save_pretrained(hf)
 
 
-def _convert(hf: Path, out: Path) -> dict:
+def _convert(hf: Path, out: Path, extra: tuple = ()) -> dict:
     """Run the converter's own main() on hf; returns what it did (whether it permuted Q/K rows)."""
     import convert_hf_to_gguf as c
     import conversion.llama
@@ -290,7 +298,7 @@ def _convert(hf: Path, out: Path) -> dict:
 
     c.get_model_class = get_model_class
     argv = sys.argv
-    sys.argv = ["convert_hf_to_gguf.py", "--outtype", "f32", "--outfile", str(out), str(hf)]
+    sys.argv = ["convert_hf_to_gguf.py", "--outtype", "f32", "--outfile", str(out), *extra, str(hf)]
     try:
         c.main()
     finally:
@@ -335,7 +343,7 @@ def _main(argv: list[str]) -> int:
         tmp.mkdir(parents=True)
         try:
             _make_checkpoint(spec, tmp / "hf", tok)
-            meta = _convert(tmp / "hf", tmp / "model.gguf")
+            meta = _convert(tmp / "hf", tmp / "model.gguf", spec.convert_args)
             meta.update(arch=arch, config=spec.config, model_class=spec.model_class, kwargs=spec.config_kwargs(),
                         init_std=INIT_STD, seed=SEED)
         except BaseException as e:  # noqa: BLE001 -- recorded per architecture, the others go on

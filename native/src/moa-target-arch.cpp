@@ -43,6 +43,7 @@ const std::vector<target_arch> TABLE = {
     {"gptneox", false, ONE,  false, true},
     {"bloom", false, ONE,  false, true},
     {"lfm2", false, ONE,  false, true},
+    {"qwen3next", false, ONE,  false, true},
 };
 
 std::string join_names(bool target_arch::*flag) {
