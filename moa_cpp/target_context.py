@@ -210,7 +210,8 @@ class TargetContext(TargetText):
             params.cb_eval = self._cb
             params.cb_eval_user_data = self._cb_ud
         self._has_callback = install_callback
-        self._ctx = _init_context_unrotated(self._model, params, quantized=cache_type not in ("f16", "f32"))
+        # (a quantized cache: llama.cpp rotates K/V before writing them; the capture undoes it)
+        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not self._ctx:
             raise MoaError(f"llama.cpp could not create a context for {self.path} (n_ctx {n_ctx}, n_batch {n_batch})")
         self.n_ctx: int = llama_cpp.llama_n_ctx(self._ctx)
@@ -466,16 +467,3 @@ class TargetContext(TargetText):
         return (f"{type(self).__name__}({self.path.name!r}, arch={self.arch}, n_layer={self.n_layer}, "
                 f"n_head_kv={self.n_head_kv}, head_dim={self.head_dim}, rope={self.rope_type}, "
                 f"n_ctx={getattr(self, 'n_ctx', '?')})")
-
-
-def _init_context_unrotated(model: Any, params: Any, quantized: bool) -> Any:
-    """llama_init_from_model; for a quantized KV cache with llama.cpp's Hadamard rotation of K/V
-    turned off (its cache reads LLAMA_ATTN_ROT_DISABLE when it is made): the capture reads the rows
-    written to the cache, which would otherwise be rotated (native/src/moa-capture.cpp)."""
-    if not quantized or "LLAMA_ATTN_ROT_DISABLE" in os.environ:
-        return llama_cpp.llama_init_from_model(model, params)
-    os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
-    try:
-        return llama_cpp.llama_init_from_model(model, params)
-    finally:
-        del os.environ["LLAMA_ATTN_ROT_DISABLE"]

@@ -266,3 +266,53 @@ def test_capture_equals_kv_cache(getter: Callable[[], Path], expect: dict, flash
             scale_v = max(1.0, float(np.abs(v_cache).max()))
             assert np.abs(k_cap[il] - k_cache).max() <= 1e-5 * scale_k, f"layer {il} K"
             assert np.abs(v_cap[il] - v_cache).max() <= 1e-5 * scale_v, f"layer {il} V"
+
+
+@pytest.mark.model
+def test_quantized_cache_rows_are_unrotated_and_answers_are_llama_cpps() -> None:
+    """A q8_0 KV cache: llama.cpp rotates K/V (Hadamard) before writing them, as llama-server's
+    `-ctk q8_0` does by default. The capture undoes the rotation (layer 0's K/V, which no cached
+    value has touched yet, equal an f16 cache's), the target decodes as llama-cpp-python's own
+    q8_0 context does (greedy, token for token), and MoA drafting on it stays lossless."""
+    import llama_cpp
+
+    from moa_cpp.defaults import DEFAULT_DRAFTER
+    from moa_cpp.drafter import DrafterModel, DrafterState
+    from moa_cpp.speculative.loop import SpeculativeLoop
+    from moa_cpp.speculative.proposers import MoAProposer
+    from moa_cpp.speculative.types import DraftConfig, SamplingParams
+
+    path = models.smollm2_path()
+    kv = {}
+    for ct in ("f16", "q8_0"):
+        with Target.from_path(path, n_ctx=256, cache_type=ct) as tgt:
+            ids = [int(t) for t in tgt.tokenize("The quick brown fox jumps over the lazy dog. " * 4)]
+            tgt.decode(ids)
+            kv[ct] = tgt.captured_kv()
+    for a, b in zip(kv["f16"], kv["q8_0"]):
+        assert np.abs(a[0]).max() > 0.1
+        assert np.abs(a[0] - b[0]).max() < 1e-5          # rotated rows would differ by ~the values
+
+    prompt = "Write a Python function that reverses a string."
+    with Target.from_path(path, n_ctx=512, cache_type="q8_0") as tgt:
+        ids = [int(t) for t in tgt.tokenize(prompt)]
+
+        def run(loop, cfg):
+            toks = []
+            for ev in loop.run(ids, 32, SamplingParams(ignore_eos=True), cfg):
+                toks += ev.tokens
+            return toks
+
+        plain = run(SpeculativeLoop(tgt, None, DraftConfig("none")), None)
+        drafter = DrafterModel(str(DEFAULT_DRAFTER), str(path))
+        state = DrafterState(drafter, n_ctx=512, n_draft_max=64, n_batch=64)
+        cfg = DraftConfig("chain", chain=4)
+        assert run(SpeculativeLoop(tgt, MoAProposer(state, cfg), cfg), cfg) == plain
+    llm = llama_cpp.Llama(str(path), n_ctx=512, type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0,
+                          flash_attn=True, n_threads=2, verbose=False)
+    ref = []
+    for tok in llm.generate(ids, temp=0.0, top_k=1):
+        ref.append(int(tok))
+        if len(ref) == len(plain):
+            break
+    assert ref == plain

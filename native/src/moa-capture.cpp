@@ -19,7 +19,9 @@
 //   V: the same view of v_cur, or (V cache transposed, flash attention off) v_cur reshaped to
 //      [1, n_tokens * n_head_kv * head_dim] -- the same token-major values.
 // At ask = false for that node src[0] is still intact (the set_rows reads it), in F32 before any
-// rounding to the cache type. Layers without a KV cache (recurrent layers of hybrid models,
+// rounding to the cache type. A quantized cache's rows were rotated first (llama.cpp's Hadamard
+// rotation, Q alike): the capture undoes it (unrotate), so the drafter reads the same K/V
+// whatever the cache type, and the target keeps llama.cpp's default (llama-server's -ctk q8_0). Layers without a KV cache (recurrent layers of hybrid models,
 // layers that reuse another layer's cache) write nothing; the layers captured are those the first
 // graph wrote, in layer order, and every later graph must write the same ones.
 //
@@ -37,6 +39,7 @@
 #include "ggml-backend.h"
 #include "ggml.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -74,26 +77,28 @@ int32_t parse_layer(const char * name, const char * prefix) {
     return (int32_t) il;
 }
 
-// Do the rows descend (through views, reshapes, copies) from llama.cpp's Hadamard rotation of a
-// quantized KV cache (llama-graph.cpp build_attn: k_cur = llama_mul_mat_hadamard(k_cur,
-// "attn_inp_k_rot"))? Such rows are not the K/V the model computed.
-bool rotated(const ggml_tensor * t, int depth = 0) {
+// The rotation the rows went through, if they descend (through views, reshapes, copies) from
+// llama.cpp's Hadamard rotation of a quantized KV cache (llama-graph.cpp build_attn: k_cur =
+// llama_mul_mat_hadamard(k_cur, "attn_inp_k_rot"), the same for V), else nullptr. The rotation is
+// an orthonormal n x n matrix applied to every block of n consecutive values of a row.
+const ggml_tensor * rotation_of(const ggml_tensor * t, int depth = 0) {
     if (t == nullptr || depth > 8) {
-        return false;
+        return nullptr;
     }
     if (t->op == GGML_OP_MUL_MAT) {
-        for (const ggml_tensor * s : { t->src[0], t->src[1] }) {
-            if (s && strncmp(s->name, "attn_inp_", 9) == 0 && strstr(s->name, "_rot") != nullptr) {
-                return true;
-            }
+        const ggml_tensor * s = t->src[0];
+        if (s && strncmp(s->name, "attn_inp_", 9) == 0 && strstr(s->name, "_rot") != nullptr) {
+            return s;
         }
     }
     switch (t->op) {
         case GGML_OP_VIEW: case GGML_OP_RESHAPE: case GGML_OP_CONT: case GGML_OP_CPY:
-        case GGML_OP_PERMUTE: case GGML_OP_TRANSPOSE: case GGML_OP_MUL_MAT: case GGML_OP_PAD:
-            return rotated(t->src[0], depth + 1) || (t->op == GGML_OP_MUL_MAT && rotated(t->src[1], depth + 1));
+        case GGML_OP_PERMUTE: case GGML_OP_TRANSPOSE: case GGML_OP_MUL_MAT: case GGML_OP_PAD: {
+            const ggml_tensor * r = rotation_of(t->src[0], depth + 1);
+            return r ? r : (t->op == GGML_OP_MUL_MAT ? rotation_of(t->src[1], depth + 1) : nullptr);
+        }
         default:
-            return false;
+            return nullptr;
     }
 }
 
@@ -124,6 +129,7 @@ struct moa_capture {
     std::string err_msg;
 
     std::vector<uint8_t> scratch;  // raw bytes of a non-contiguous or F16 tensor
+    std::vector<float> rot_m, rot_tmp;  // a quantized cache's rotation matrix, one unrotated block
 
     moa_capture(int32_t n_layer_, bool unpermute_k_)
         : n_layer_model(n_layer_), unpermute_k(unpermute_k_), k_pend(n_layer_), v_pend(n_layer_) {}
@@ -200,12 +206,7 @@ struct moa_capture {
             fail(MOA_ERR_BACKEND, std::string(t->view_src->name) + ": rows have no data");
             return;
         }
-        if (rotated(s)) {
-            fail(MOA_ERR_MISMATCH, std::string(t->view_src->name) +
-                                       ": llama.cpp rotates K/V (Hadamard) before writing a quantized KV cache; the "
-                                       "capture needs an f16/f32 cache or LLAMA_ATTN_ROT_DISABLE=1");
-            return;
-        }
+        const ggml_tensor * rot = rotation_of(s);
         const int64_t C = s->ne[0], R = s->ne[1];
         p.n_values = C * R;
         if (kind == kv_kind::k) {
@@ -247,7 +248,38 @@ struct moa_capture {
                 }
             }
         }
+        if (rot != nullptr && !unrotate(rot, p.data, t->view_src->name)) {
+            return;
+        }
         p.set = true;
+    }
+
+    // Undo llama.cpp's rotation of a quantized cache's rows: ggml_mul_mat(rot, x) gave y = R x per
+    // block of n values (R row-major in rot's data), R orthonormal, so x = R^T y. The drafter reads
+    // what the model computed; the target's own attention is unchanged (Q is rotated alike).
+    bool unrotate(const ggml_tensor * rot, std::vector<float> & values, const char * name) {
+        const int64_t n = rot->ne[0];
+        if (rot->type != GGML_TYPE_F32 || rot->ne[1] != n || n <= 0 || values.size() % (size_t) n != 0 ||
+            rot->data == nullptr || (rot->buffer == nullptr && (rot->view_src == nullptr || rot->view_src->buffer == nullptr))) {
+            fail(MOA_ERR_MISMATCH, std::string(name) + ": llama.cpp rotated these K/V rows (quantized KV cache) in a "
+                                       "way the capture cannot undo; use an f16/f32 cache");
+            return false;
+        }
+        rot_m.resize((size_t) (n * n));
+        ggml_backend_tensor_get(rot, rot_m.data(), 0, (size_t) (n * n) * sizeof(float));
+        rot_tmp.resize((size_t) n);
+        for (size_t b = 0; b < values.size(); b += (size_t) n) {
+            float * y = values.data() + b;
+            for (int64_t k = 0; k < n; ++k) {
+                double acc = 0.0;
+                for (int64_t i = 0; i < n; ++i) {
+                    acc += (double) rot_m[(size_t) (i * n + k)] * y[i];
+                }
+                rot_tmp[(size_t) k] = (float) acc;
+            }
+            std::copy(rot_tmp.begin(), rot_tmp.end(), y);
+        }
+        return true;
     }
 
     // Append the pending graph's rows to the committed rows (or record why it cannot).
