@@ -58,7 +58,7 @@ def test_capture_equals_transformers(built: dict, arch: str) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_train_and_speculate(built: dict, arch: str, tmp_path: Path) -> None:
     from moa_cpp.cli import main
-    from moa_cpp.drafter import DrafterModel, DrafterState
+    from moa_cpp.drafter import DrafterModel
     from moa_cpp.speculative.loop import SpeculativeLoop
     from moa_cpp.speculative.proposers import MoAProposer, make_proposer
     from moa_cpp.speculative.types import DraftConfig, SamplingParams
@@ -88,7 +88,6 @@ def test_train_and_speculate(built: dict, arch: str, tmp_path: Path) -> None:
             cfg = DraftConfig("chain", chain=3)
             assert make_proposer(("moa",), tgt, cfg, drafter=drafter, n_ctx=256, n_draft_max=32) is None
             return
-        state = DrafterState(drafter, n_ctx=256, n_draft_max=32, n_batch=64)
         plain = SpeculativeLoop(tgt, None, DraftConfig("none"))
         for seed in (1, 2):
             ids = [int(t) for t in np.random.default_rng(seed).integers(3, tiny_archs.VOCAB, size=12)]
@@ -100,7 +99,6 @@ def test_train_and_speculate(built: dict, arch: str, tmp_path: Path) -> None:
                 assert isinstance(proposer, MoAProposer)
                 loop = SpeculativeLoop(tgt, proposer, cfg)
                 assert run(loop, ids, cfg) == ref, (arch, cfg)
-        del state
 
 
 _HYBRIDS = [s.arch for s in tiny_archs.SPECS if not s.refused and arch_table.llama_kind(s.arch)[0] == "hybrid"]
