@@ -222,7 +222,9 @@ def main(argv=None) -> int:
     if not gpus and not args.dry_run:
         raise SystemExit(f"no GPU in this build (devices: {', '.join(list_devices())}); --dry-run for the CPU")
     dev, ngl = ("cpu", 0) if args.dry_run else (gpus[0], -1)
-    threads = args.threads or (2 if args.dry_run else 8)
+    # dry run: the cores this process may use (a test worker pinned to one core gets 1)
+    from moa_cpp.target_setup import default_threads
+    threads = args.threads or (default_threads() if args.dry_run else 8)
     if args.dry_run:
         args.per_set, args.max_tokens = 1, 16
     ks = [1, 2, 4] if args.dry_run else list(range(1, 17))

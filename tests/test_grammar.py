@@ -174,6 +174,7 @@ def _exact_law(gen, prompt_ids, text, sp, max_depth=MAX_DEPTH):
     return law
 
 
+@pytest.mark.slow
 def test_sampling_law_is_the_constrained_law(gen):
     """Speculative sampling under a grammar: answers drawn with drafting (chains verified against
     grammar-masked rows) follow the exact constrained law. Power (mutations run once): draft rows

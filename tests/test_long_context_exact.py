@@ -24,7 +24,7 @@ import pytest
 
 from server_proc import REPO, ServerProc
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 EVAL = REPO.parent / "shared" / "data" / "eval" / "sum.jsonl"
 MAX = 48

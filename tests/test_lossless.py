@@ -34,7 +34,7 @@ from moa_cpp.speculative.types import DraftConfig
 from moa_cpp.speculative.types import SamplingParams
 from moa_cpp.target import Target
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 PROMPTS = [
     "The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
@@ -108,6 +108,10 @@ class Ctx:
             # a third of the prompts (chat included): with its 262K-row LM head each Gemma test took
             # 1.5-2.5x the SmolLM2 one on all prompts (up to 118 s), and its checks are near-tie counts
             self.prompts = self.prompts[::3]
+        elif name == "smollm2-q8_0":
+            # the same model in a second quantization (other matmul kernels, the same exact batch
+            # size): every check runs, on half the prompts
+            self.prompts = self.prompts[::2]
         plain = SpeculativeLoop(self.target, None, DraftConfig("none"))
         self.refs, self.ref_logits = [], []
         for ids in self.prompts:
@@ -428,30 +432,6 @@ def test_long_context_near_ties_counted(tmp_path):
     target.close()
 
 
-@pytest.mark.parametrize("cfg", [DraftConfig("chain", chain=4), SMALL_TREE], ids=["chain4", "tree3,3,10"])
-def test_trained_default_drafter_lossless(ctx, cfg):
-    """The shipped SmolLM2 drafter (trained, reduced draft vocabulary: draft ids mapped back through
-    d2t) accepts real drafts, and the output still equals plain decoding token for token."""
-    from moa_cpp.defaults import DEFAULT_DRAFTER
-
-    if not ctx.name.startswith("smollm2"):
-        pytest.skip("the shipped drafter is SmolLM2's")
-    drafter = DrafterModel(DEFAULT_DRAFTER, ctx.target.path)
-    try:
-        state = DrafterState(drafter, n_ctx=512, n_draft_max=128, n_batch=128)
-        loop = SpeculativeLoop(ctx.target, MoAProposer(state, cfg), cfg)
-        chk = Checker()
-        loop.on_cycle = chk
-        accepted = 0
-        for i, ids in enumerate(ctx.prompts):
-            toks, st = run(loop, ids, cfg)
-            ctx.check(i, toks, f"trained {cfg.mode}")
-            accepted += st.accepted
-        assert accepted > 0 and chk.events["partial"] + chk.events["full"] > 0, chk.events
-    finally:
-        drafter.close()
-
-
 def test_ignore_eos_runs_past_the_end_and_stays_lossless(ctx):
     """llama.cpp's --ignore-eos: end-of-generation tokens get -inf in every target row, so a
     generation that plain decoding ends with EOG goes on with the target's next choice there, to
@@ -495,7 +475,8 @@ SHIPPED = {"smollm2-q4_1": "smollm2-135m-instruct", "smollm2-q8_0": "smollm2-135
 @pytest.mark.parametrize("cfg", [DraftConfig("chain", chain=4), SMALL_TREE], ids=["chain4", "tree3,3,10"])
 def test_shipped_drafter_lossless(ctx, cfg):
     """The shipped drafter of each target (a trained one: long accepted runs, partial acceptance,
-    rejections, at the depths it really drafts), by its ``-d`` name: output = plain decoding."""
+    rejections, at the depths it really drafts; SmolLM2's is the embedded default, with a reduced
+    draft vocabulary whose ids go back through d2t), by its ``-d`` name: output = plain decoding."""
     from moa_cpp.defaults import drafter_path, shipped_drafters
     name = SHIPPED[ctx.name]
     assert name in shipped_drafters(), f"no shipped drafter {name!r} in moa_cpp/data"

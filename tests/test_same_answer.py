@@ -27,7 +27,7 @@ import pytest
 
 from moa_cpp import SpeculativeGenerator, defaults
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 SYSTEM = "You are a helpful assistant. Answer clearly and keep it short."
 # everyday prompts of 64+ tokens with the template: the landed code prefilled them in one batch of

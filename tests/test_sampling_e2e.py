@@ -38,6 +38,8 @@ from moa_cpp.speculative.types import DraftConfig, Proposal, SamplingParams
 from moa_cpp.speculative.verify import probs_from_logits
 from moa_cpp.target import Target
 
+pytestmark = pytest.mark.slow      # thousands of generations per law
+
 ALPHA = 1e-3
 # The fixture's random target has logits ~60 apart by several units: at temperature 8 its top-3
 # law is broad at every depth (no 4-token sequence above 0.18), so every depth carries signal.

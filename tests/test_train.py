@@ -95,7 +95,7 @@ def test_torch_target_matches_llamacpp_qwen2() -> None:
     except FileNotFoundError as e:
         pytest.skip(str(e))
     text = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n"
-    with Target.from_path(path, n_ctx=512, n_threads=2) as tg:
+    with Target.from_path(path, n_ctx=512) as tg:
         ids = tg.tokenize(text, add_bos=False)
         logits = tg.decode(ids)
         cap = tg.captured_lsa_in()
@@ -419,7 +419,7 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
                               resid_layer=tt.n_layer - tli if tli else None)
     spec = spec_from_target(target, **FIXTURE_SIZES)
     ts = TrainSettings(seed=0, steps=TINY_STEPS, batch_tokens=512, lr=1e-2, holdout=3, eval_every=1000, ckpt_every=1000,
-                       threads=2, bf16=False, draft_vocab=draft_vocab, tli=tli)
+                       threads=1, bf16=False, draft_vocab=draft_vocab, tli=tli)
     tr = Trainer(spec, tt, ds, fs, tmp_path, ts, log=lambda s: None)
     if draft_vocab:
         assert tr.d2t is not None and len(tr.d2t) == draft_vocab and (np.diff(tr.d2t) > 0).all()
