@@ -248,7 +248,7 @@ def test_random_drafter_lossless(ctx, cfg):
 
 def test_random_drafter_paper_tree_lossless(ctx):
     # 262K-row LM head (Gemma): 41 drafter rows per cycle are slow here
-    idx = list(range(3)) if ctx.name.startswith("gemma") else list(range(0, len(ctx.prompts), 4))
+    idx = list(range(3)) if ctx.name.startswith("gemma") else list(range(0, len(ctx.prompts), 6))
     loop = SpeculativeLoop(ctx.target, MoAProposer(ctx.state, PAPER_TREE), PAPER_TREE)
     chk = Checker()
     loop.on_cycle = chk
