@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -71,8 +72,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     module = lambda item: item.nodeid.split("::")[0]
-    slow: dict = {}
-    for item in items:
-        slow[module(item)] = slow.get(module(item), 0) + (1 if item.get_closest_marker("slow") else 0)
+    slow = Counter({module(item): 0 for item in items})
+    slow.update(module(item) for item in items if item.get_closest_marker("slow"))
     order = {m: n for n, m in enumerate(sorted(slow, key=lambda m: -slow[m]))}   # stable: ties keep file order
     items.sort(key=lambda item: order[module(item)])

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from moa_cpp.random_drafter import make_random_drafter, spec_from_target
+from moa_cpp.target_setup import default_threads
 from moa_cpp.train.data import DataSettings, generate_dataset
 from moa_cpp.train.prompts import load_prompt_files
 from moa_cpp.train.masks import bounded_masks
@@ -419,7 +420,7 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
                               resid_layer=tt.n_layer - tli if tli else None)
     spec = spec_from_target(target, **FIXTURE_SIZES)
     ts = TrainSettings(seed=0, steps=TINY_STEPS, batch_tokens=512, lr=1e-2, holdout=3, eval_every=1000, ckpt_every=1000,
-                       threads=1, bf16=False, draft_vocab=draft_vocab, tli=tli)
+                       threads=default_threads(), bf16=False, draft_vocab=draft_vocab, tli=tli)   # the cores it may use
     tr = Trainer(spec, tt, ds, fs, tmp_path, ts, log=lambda s: None)
     if draft_vocab:
         assert tr.d2t is not None and len(tr.d2t) == draft_vocab and (np.diff(tr.d2t) > 0).all()
