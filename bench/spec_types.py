@@ -61,6 +61,9 @@ def model_path(name: str) -> str:
     from moa_cpp import models
     if name == "smollm2":
         return str(models.smollm2_path())
+    if name == "proxy":                       # the ~1 ms GPU-speed proxy (bench/_proxy.py)
+        from _proxy import proxy_target
+        return str(proxy_target())
     if name in ("qwen-1.5b", "qwen-0.5b"):
         return str(models.qwen25_coder_15b_path() if name == "qwen-1.5b" else models.qwen25_coder_05b_path())
     if name == "qwen-1.5b-f16":

@@ -201,6 +201,8 @@ class TargetContext(TargetText):
 
         # NORM rope: llama.cpp's converter permuted the K rows per head (docs/drafter.md#k-permutation).
         self._cap = check_ptr(lib.moa_capture_init(self.n_layer_model, self.rope_type == "norm"), "moa_capture_init")
+        self._cap_dirty = True        # the capture may hold rows (reset before the next decode)
+        self._cap_enabled: Optional[bool] = None   # what moa_capture_set_enabled was last told
         params = context_params(n_ctx, n_batch, n_ubatch, n_seq_max, threads, flash_attn=self.flash_attn,
                                 kv_unified=self.kv_unified, cache_type=cache_type)
         if has_state:
@@ -312,21 +314,31 @@ class TargetContext(TargetText):
         return self._run_batch(n, 1 if last_only else n, capture)
 
     def decode_rows(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: SeqIds, outputs: np.ndarray,
-                    capture: bool) -> np.ndarray:
+                    capture: bool, *, copy: bool = True, before: Optional[Any] = None) -> np.ndarray:
         """One ``llama_decode`` of already checked inputs, with logits for the rows where
         ``outputs`` is set (``[outputs.sum(), n_vocab]``, batch order). For callers that lay out
         batches of several sequences themselves (:mod:`moa_cpp.target_slots`); they keep
-        :attr:`kv_version` and :attr:`lone_row_from` of their own sequences."""
+        :attr:`kv_version` and :attr:`lone_row_from` of their own sequences. ``copy=False``:
+        a view of llama.cpp's logits buffer, valid until the next decode. ``before()``: called
+        right before ``llama_decode``, which runs without the GIL."""
         if self._ctx is None:
             raise MoaError("Target is closed")
         if self._history is not None and all(np.ravel(x).tolist() == [0] for x in seq_ids):
             self._history[np.asarray(positions)] = tokens      # sequence 0: what a rollback replays
         self._batch.fill(tokens, positions, seq_ids, outputs=outputs)
-        return self._run_batch(len(tokens), int(np.count_nonzero(outputs)), capture)
+        return self._run_batch(len(tokens), int(np.count_nonzero(outputs)), capture, copy, before)
 
-    def _run_batch(self, n: int, rows: int, capture: bool) -> np.ndarray:
-        lib.moa_capture_reset(self._cap)
-        lib.moa_capture_set_enabled(self._cap, capture)
+    def _run_batch(self, n: int, rows: int, capture: bool, copy: bool = True, before: Optional[Any] = None) -> np.ndarray:
+        # the capture is told only what changed: every call into C lets another thread take the
+        # GIL, and a batched engine's decode thread then waits for it (issue 59)
+        if capture or self._cap_dirty:         # a captured decode's rows must not outlive the next decode
+            lib.moa_capture_reset(self._cap)
+            self._cap_dirty = capture
+        if capture != self._cap_enabled:
+            lib.moa_capture_set_enabled(self._cap, capture)
+            self._cap_enabled = capture
+        if before is not None:
+            before()
         rc = llama_cpp.llama_decode(self._ctx, self._batch.batch)
         if rc == 1:
             raise CacheFullError(f"llama_decode returned 1: no KV cache slot for {n} tokens (n_ctx {self.n_ctx})")
@@ -349,7 +361,8 @@ class TargetContext(TargetText):
         if arr_t is None:
             arr_t = self._logits_types[rows] = ctypes.c_float * (rows * self.n_vocab)
         buf = arr_t.from_address(ctypes.cast(ptr, ctypes.c_void_p).value)
-        return np.frombuffer(buf, dtype=np.float32).reshape(rows, self.n_vocab).copy()
+        view = np.frombuffer(buf, dtype=np.float32).reshape(rows, self.n_vocab)
+        return view.copy() if copy else view
 
     @property
     def n_captured(self) -> int:

@@ -23,8 +23,9 @@ batch-invariant otherwise; ``PrefixCache`` already treats lone-row cells as non-
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -34,17 +35,86 @@ from .ubatch_order import split_equal_order
 
 
 class _Request:
-    __slots__ = ("slot", "tokens", "positions", "capture", "all_rows", "logits", "lsa", "lone", "error", "done")
+    __slots__ = ("slot", "tokens", "positions", "capture", "all_rows", "logits", "lsa", "lone", "error", "done",
+                 "run")
 
     def __init__(self, slot: "SlotTarget", tokens: np.ndarray, positions: np.ndarray, capture: bool,
-                 all_rows: bool) -> None:
+                 all_rows: bool, run: Optional["PlainRun"] = None) -> None:
         self.slot, self.tokens, self.positions = slot, tokens, positions
         self.capture, self.all_rows = capture, all_rows
+        self.run = run                          # a plain run's next row (PlainRun), else None
         self.logits: Optional[np.ndarray] = None
         self.lsa: Optional[np.ndarray] = None
         self.lone = False
         self.error: Optional[BaseException] = None
         self.done = False
+
+
+# a plain run wakes its slot's thread at most this often (seconds), right before a decode: tokens
+# travel in batches of ~10 ms of decoding (a chunk of a stream), and a stop string found later has
+# cost that much decoding. Measured on the ~1 ms proxy, 2 cores (tok/s, two interleaved rounds):
+# 8 slots 2000-2090 / 1500-1570 against 1300-1370 / 1300-1370 waking per token after the decode;
+# 1 slot 1030-1120 / 890-1020 against 860-920 / 700-730
+WAKE_S = 0.01
+
+
+class PlainRun:
+    """A slot's plain decoding, driven by the engine's decode thread (issue 59): after each
+    decode the decode thread chooses the slot's next token with ``sample(row)`` -- the loop's own
+    rule -- and queues its row for the next decode at once, so a plain cycle waits for no slot
+    thread and no thread switch; the slot's thread takes the tokens (:meth:`take`) and streams them
+    meanwhile. It stops by itself after an end-of-generation token, ``limit`` tokens, or the slot's
+    last cell (the token chosen then is not decoded: the loop's root), or when cancelled.
+    Only the decode thread calls ``sample`` while the run lives."""
+
+    def __init__(self, sample: Callable[[np.ndarray], int], eog: frozenset, limit: int) -> None:
+        self.sample, self.eog, self.limit = sample, eog, int(limit)
+        self.count = 0                    # tokens chosen
+        self._woken = 0.0
+        self._cv = threading.Condition()
+        self._tokens: list = []
+        self.finished = False
+        self.cancelled = False
+        self.error: Optional[BaseException] = None
+
+    def push(self, tok: int, last: bool) -> bool:
+        """Queue a token (the decode thread); True if the slot's thread is due a wake-up
+        (:meth:`wake`): at the end, else at most every WAKE_S -- a woken thread takes the GIL,
+        and the decode thread would wait for it at its next call into C, so the engine wakes
+        slots right before ``llama_decode``, which runs without the GIL."""
+        with self._cv:
+            self._tokens.append(tok)
+            self.count += 1
+            self.finished = self.finished or last
+            now = time.perf_counter()
+            if last or now - self._woken >= WAKE_S:
+                self._woken = now
+                return True
+            return False
+
+    def wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def finish(self, error: Optional[BaseException] = None) -> None:
+        with self._cv:
+            self.error = self.error or error
+            self.finished = True
+            self._cv.notify_all()
+
+    def take(self) -> tuple[list, bool, Optional[BaseException]]:
+        """(tokens chosen since the last take, whether the run has ended, its error): waits for
+        one token or the end."""
+        with self._cv:
+            while not self._tokens and not self.finished:
+                self._cv.wait()
+            toks, self._tokens = self._tokens, []
+            return toks, self.finished, self.error
+
+    def wait_finished(self) -> None:
+        with self._cv:
+            while not self.finished:
+                self._cv.wait()
 
 
 class BatchEngine:
@@ -75,6 +145,7 @@ class BatchEngine:
         self._ctx_lock = threading.Lock()       # every llama.cpp call on the shared context
         self._decoder: Optional[ThreadPoolExecutor] = None   # the one thread that decodes (_on_decode_thread)
         self._decode_lock = threading.Lock()
+        self._to_wake: list = []                # plain runs whose threads wake before the next decode
         self.calls = 0                          # llama_decode calls (statistics)
         self.batches = 0                        # rendezvous sets
         self.rows = 0
@@ -93,6 +164,9 @@ class BatchEngine:
         with self._cv:
             self._active.discard(seq)
             self._cv.notify_all()               # the others may all be waiting now
+            reqs = self._take()                 # plain runs wait in no thread: their set starts here
+        if reqs is not None:
+            self._on_decode_thread(reqs)
 
     def _take(self) -> Optional[list]:
         if self._running or not self._pending or not self._active.issubset(self._pending):
@@ -113,28 +187,111 @@ class BatchEngine:
                 if reqs is None:
                     self._cv.wait()
                     continue
-                self._cv.release()
+                self._cv.release()       # never held while taking _decode_lock (close() holds it)
                 try:
                     self._on_decode_thread(reqs)
                 finally:
                     self._cv.acquire()
-                    self._running = False
-                    self._cv.notify_all()
         if req.error is not None:
             raise req.error
 
     def _on_decode_thread(self, reqs: list) -> None:
-        """Run a set on the engine's one decode thread and wait for it. Why not on the slot thread
-        that completed the set: libgomp keeps an OpenMP pool per thread that ever ran a
-        multi-threaded graph, and once all pools' workers outnumber the cores it sleeps on futexes
-        at every barrier, in every pool (moa_cpp/omp_pool.py). Four slot threads taking turns at
-        leading made four pools: SmolLM2 Q4_1 at 4 clients, 2 cores, decoded ~25 % slower than
-        llama-server, which decodes on one thread."""
+        """Hand a set to the engine's one decode thread, which wakes its slots when it is done
+        (the slot that completed the set waits like the others: one thread switch less per
+        cycle than waiting for the decode thread's answer first, ~40 us each here). Why not run
+        it on the slot thread that completed the set: libgomp keeps an OpenMP pool per thread
+        that ever ran a multi-threaded graph, and once all pools' workers outnumber the cores it
+        sleeps on futexes at every barrier, in every pool (moa_cpp/omp_pool.py). Four slot
+        threads taking turns at leading made four pools: SmolLM2 Q4_1 at 4 clients, 2 cores,
+        decoded ~25 % slower than llama-server, which decodes on one thread."""
         with self._decode_lock:
             if self._decoder is None:
                 self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moa-decode")
-            fut = self._decoder.submit(self._execute, reqs)
-        fut.result()
+            try:
+                self._decoder.submit(self._execute_and_wake, reqs)
+                return
+            except RuntimeError:             # shut down (closing): the requests fail here
+                pass
+        self._execute_and_wake(reqs)
+
+    def _execute_and_wake(self, reqs: Optional[list]) -> None:
+        """Run a set, advance its plain runs (their next rows join the pending set at once), wake
+        the slots; while the next set is already complete (plain runs only), run it too."""
+        while reqs is not None:
+            follow: list = []
+            try:
+                follow = self._execute(reqs)
+            finally:
+                with self._cv:
+                    for r in reqs:                 # even if _execute failed outside a call
+                        if not r.done:
+                            r.error = r.error or MoaError("the batched decode stopped before this request ran")
+                            r.done = True
+                            if r.run is not None:
+                                r.run.finish(r.error)
+                    for f in follow:
+                        if f.run.cancelled:
+                            f.run.finish()
+                        else:
+                            self._pending[f.slot.seq] = f
+                    self._running = False
+                    self._cv.notify_all()
+                    reqs = self._take()
+                    if reqs is None:
+                        self._wake()
+
+    def _advance(self, r: _Request) -> Optional[_Request]:
+        """A plain run's next token from its row, and the request that decodes it (None: ended)."""
+        run, slot = r.run, r.slot
+        if r.error is not None:
+            run.finish(r.error)
+            return None
+        pos = int(r.positions[0])
+        if r.lone:
+            slot.lone_row_from = pos if slot.lone_row_from is None else min(slot.lone_row_from, pos)
+        if run.cancelled:
+            run.finish()
+            return None
+        try:
+            tok = int(run.sample(r.logits[0]))
+        except BaseException as e:       # the slot's loop hears of it; the other slots go on
+            run.finish(e)
+            return None
+        last = tok in run.eog or run.count + 1 >= run.limit or pos + 1 >= slot.n_ctx
+        if run.push(tok, last):
+            self._to_wake.append(run)
+        if last:
+            return None
+        return _Request(slot, np.array([tok], np.int32), np.array([pos + 1], np.int32), False, True, run)
+
+    def _wake(self) -> None:
+        """Wake the slot threads of the runs that have tokens due (see :meth:`PlainRun.push`)."""
+        runs, self._to_wake = self._to_wake, []
+        for run in runs:
+            run.wake()
+
+    def start_run(self, req: _Request) -> None:
+        """Queue a plain run's first row; the decode thread carries it on (no wait here)."""
+        seq = req.slot.seq
+        with self._cv:
+            if seq in self._pending:
+                raise MoaError(f"slot {seq}: two decodes at once (one thread per slot)")
+            self._pending[seq] = req
+            reqs = self._take()
+        if reqs is not None:
+            self._on_decode_thread(reqs)
+
+    def stop_run(self, run: PlainRun, seq: int) -> None:
+        """Cancel a plain run and wait until the decode thread no longer touches the slot."""
+        with self._cv:
+            run.cancelled = True
+            pending = self._pending.get(seq)
+            if pending is not None and pending.run is run:    # (a set being decoded has left _pending)
+                del self._pending[seq]          # its row waits for the others' rows: drop it
+                run.finish()
+            elif not self._running:
+                run.finish()                    # it ended while its last tokens waited for a wake-up
+        run.wait_finished()
 
     # ------------------------------------------------------------------ one set
 
@@ -163,8 +320,11 @@ class BatchEngine:
                 calls.append(cur)
         return calls
 
-    def _execute(self, reqs: list) -> None:
+    def _execute(self, reqs: list) -> list:
+        """Decode a set (one call per :meth:`_calls` group); returns the plain runs' next
+        requests (each run advances right after its call, while its rows are llama.cpp's)."""
         self.batches += 1
+        follow: list = []
         for call in self._calls(reqs):
             try:
                 with self._ctx_lock:
@@ -180,20 +340,30 @@ class BatchEngine:
                         except BaseException as e1:
                             r.error = e1
             for r in call:
+                if r.run is not None:
+                    f = self._advance(r)
+                    if f is not None:
+                        follow.append(f)
+                    r.logits = None             # a view of llama.cpp's buffer: not kept past the call
                 r.done = True
+        return follow
 
     def _run_call(self, call: list) -> None:
         tgt = self.target
-        tokens = np.concatenate([r.tokens for r in call])
-        positions = np.concatenate([r.positions for r in call])
-        seqs = np.concatenate([np.full(len(r.tokens), r.slot.seq, np.int32) for r in call])
+        lens = [len(r.tokens) for r in call]
+        if len(call) == 1:
+            tokens, positions = call[0].tokens, call[0].positions
+        else:
+            tokens = np.concatenate([r.tokens for r in call])
+            positions = np.concatenate([r.positions for r in call])
+        seqs = np.repeat(np.array([r.slot.seq for r in call], np.int32), lens)
+        starts = np.cumsum([0] + lens)
+        ends = starts[1:] - 1
         outputs = np.zeros(len(tokens), np.int8)
-        starts = np.cumsum([0] + [len(r.tokens) for r in call])
+        outputs[ends] = 1
         for r, a, b in zip(call, starts[:-1], starts[1:]):
             if r.all_rows:
                 outputs[a:b] = 1
-            else:
-                outputs[b - 1] = 1
         real = outputs.copy()
         dummy = self._pad(call, outputs) if self.pad_rows > 1 else None
         if dummy is not None:
@@ -203,7 +373,10 @@ class BatchEngine:
             outputs = np.concatenate([outputs, np.ones(len(dummy[0]), np.int8)])
         capture = any(r.capture for r in call)
         try:
-            logits = tgt.decode_rows(tokens, positions, seqs.tolist(), outputs, capture)
+            # a view of llama.cpp's logits: the plain runs read their rows before the next call,
+            # the other requests get copies (below)
+            logits = tgt.decode_rows(tokens, positions, seqs.tolist(), outputs, capture, copy=False,
+                                     before=self._wake)
         finally:
             if dummy is not None:              # the dummy rows' cells go at once (the next token's cell)
                 for seq, pos in zip(dummy[2].tolist(), dummy[1].tolist()):
@@ -219,13 +392,15 @@ class BatchEngine:
             order, _ = split_equal_order(seqs.tolist(), tgt.n_ubatch)
             inv = np.empty(len(order), np.int32)
             inv[np.asarray(order)] = np.arange(len(order), dtype=np.int32)
-        out = np.cumsum([0] + [int(outputs[a:b].sum()) for a, b in zip(starts[:-1], starts[1:])])
-        for k, (r, a, b) in enumerate(zip(call, starts[:-1], starts[1:])):
-            r.logits = logits[out[k]:out[k + 1]]
+        out = np.cumsum([0] + [int(outputs[a:b].sum()) for a, b in zip(starts[:-1], starts[1:])]).tolist()
+        lone = len(tokens) == 1 and int(positions[0]) >= LONE_ROW_CELLS
+        for k, (r, a, b) in enumerate(zip(call, starts[:-1].tolist(), starts[1:].tolist())):
+            rows = logits[out[k]:out[k + 1]]
+            r.logits = rows if r.run is not None else rows.copy()
             if r.capture:
-                rows = np.arange(a, b, dtype=np.int32) if inv is None else inv[a:b]
-                r.lsa = tgt.captured_lsa_in(rows)
-            r.lone = len(tokens) == 1 and int(positions[0]) >= LONE_ROW_CELLS
+                cap_rows = np.arange(a, b, dtype=np.int32) if inv is None else inv[a:b]
+                r.lsa = tgt.captured_lsa_in(cap_rows)
+            r.lone = lone
 
     def _pad(self, call: list, outputs: np.ndarray) -> Optional[tuple]:
         """Make every ubatch of a padded call (same-size requests, :meth:`_calls`) compute at
@@ -334,6 +509,29 @@ class SlotTarget:
             self.lone_row_from = p if self.lone_row_from is None else min(self.lone_row_from, p)
         self._lsa = req.lsa
         return req.logits
+
+    def plain_run(self, root: int, pos: int, sample: Callable[[np.ndarray], int], limit: int) -> PlainRun:
+        """Plain decoding from ``root`` at ``pos`` on, driven by the engine's decode thread
+        (:class:`PlainRun`): ``sample(logits_row) -> token`` chooses each next token there, up to
+        ``limit`` tokens. :meth:`stop_run` ends it early (call it before any other use of the slot)."""
+        if not 0 <= int(root) < self.n_vocab:
+            raise InvalidArgumentError(f"decode: token ids must be in [0, {self.n_vocab})")
+        if not 0 <= int(pos) < self.n_ctx:
+            raise CacheFullError(f"no KV cache slot at position {int(pos)} (n_ctx {self.n_ctx} per slot)")
+        if limit < 1:
+            raise InvalidArgumentError("plain_run: limit must be >= 1")
+        self.kv_version += 1
+        self._lsa = None
+        run = PlainRun(sample, frozenset(self.eog_tokens.tolist()), limit)
+        self._engine.start_run(_Request(self, np.array([int(root)], np.int32), np.array([int(pos)], np.int32),
+                                        False, True, run))
+        return run
+
+    def stop_run(self, run: PlainRun) -> None:
+        """End a :meth:`plain_run` early and wait until the decode thread has let go of the slot
+        (its cells past what was taken are the caller's to drop)."""
+        self._engine.stop_run(run, self.seq)
+        self.kv_version += 1
 
     @property
     def n_captured(self) -> int:

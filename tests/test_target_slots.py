@@ -172,3 +172,48 @@ def test_padded_engine_is_exact_where_one_row_decodes_are_not():
     finally:
         ref.close()
         base.close()
+
+
+# ---------------------------------------------------------------------------- plain runs (issue 59)
+
+RUN_SETTINGS = [dict(temperature=0.0), dict(temperature=0.8, seed=3), dict(temperature=0.0, stop=["the"])]
+
+
+def test_plain_runs_give_plain_decoding_answers(targets, monkeypatch):
+    """A batched slot that decodes plainly hands the decoding to the engine's decode thread
+    (PlainRun): greedy, seeded sampling and a stop string that ends a run early give the answers
+    of plain decoding on a context of its own, and the next turn reuses the caches the runs left."""
+    from moa_cpp import SpeculativeGenerator
+    from moa_cpp.target_slots import SlotTarget
+    ref, engine = targets
+    prompts = [f"Write one sentence about {x}." for x in ("cats", "the sea", "bread")]
+    ref_gen = SpeculativeGenerator(ref)
+    want = [ref_gen.generate(p, chat=True, max_tokens=40, **kw) for p, kw in zip(prompts, RUN_SETTINGS)]
+    assert want[2].stats.finish_reason == "stop", "the stop string must end a run early"
+    runs = []
+    real = SlotTarget.plain_run
+    monkeypatch.setattr(SlotTarget, "plain_run", lambda self, *a, **k: runs.append(self.seq) or real(self, *a, **k))
+    gens = [SpeculativeGenerator(engine.slot(i)) for i in range(3)]
+    for turn in range(2):
+        got: list = [None] * 3
+        errors: list = []
+
+        def slot(i):
+            engine.enter(i)
+            try:
+                got[i] = gens[i].generate(prompts[i], chat=True, max_tokens=40, **RUN_SETTINGS[i])
+            except BaseException as e:     # reported below
+                errors.append(e)
+            finally:
+                engine.leave(i)
+        threads = [threading.Thread(target=slot, args=(i,)) for i in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        assert not errors, errors
+        for w, g in zip(want, got):
+            assert g.tokens == w.tokens and g.text == w.text and g.stats.finish_reason == w.stats.finish_reason
+        if turn:
+            assert all(g.stats.n_cached > 0 for g in got), "the second turn reuses the prompt's cells"
+    assert sorted(set(runs)) == [0, 1, 2], "every slot decoded through a plain run"

@@ -253,7 +253,7 @@ async def _generate(srv: Server, request: Request, model: type, chat: bool) -> R
     params = srv.params(req, chat)
     out = _Completion(srv, chat, params)
     session = await until_disconnect(request, srv.pool.acquire(_prefix_key(srv, params)))
-    job = Job(session, params, srv.pool.release)
+    job = Job(session, params, srv.pool.release, live=bool(req.stream))
     srv.jobs.add(job)
     try:
         job.start(srv.executor)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -65,6 +65,7 @@ class Generation:
     grammar: Optional[Grammar] = None  # the grammar's state after every emitted token (the root too)
     ids: list = field(default_factory=list)      # the token at every position: prompt, then the roots
     drawn: int = 0                 # sampling: tokens chosen so far (the next one takes draw ``drawn``)
+    run: Any = None                # a batched slot's plain run (moa_cpp.target_slots.PlainRun) while it lives
 
     def cursor(self) -> Optional[DrawCursor]:
         """The draws from the next token on (None when greedy)."""
@@ -250,6 +251,8 @@ class SpeculativeLoop:
             return self._finish(g, "length")
         cfg = self._shape(g, room)
         if cfg.mode == "none" and not g.carry and not g.drafting:
+            if self._engine_runs(g):
+                return self._run_step(g)
             return self._plain_step(g)
         t = time.perf_counter()
         proposal = self._propose(g, cfg)
@@ -319,6 +322,53 @@ class SpeculativeLoop:
         st.t_drafter += t_draft
         st.accept_lengths.append(1)
         return self._emit(g, [nxt], 0, 0, 0, "none", t_draft, t_target, 0.0, lp=self._logprobs(g, logits[:1], [nxt]))
+
+    def _engine_runs(self, g: Generation) -> bool:
+        """Whether the rest of ``g`` decodes plainly on a batched slot's engine (:meth:`_run_step`):
+        the next token is the argmax or the draw of one row, nothing else reads it (no grammar,
+        penalties, bias, logprobs or cycle observer)."""
+        return (g.run is not None or hasattr(self.target, "plain_run")) and g.grammar is None \
+            and not g.sp.adjusts_logits and g.n_logprobs < 0 and self.on_cycle is None
+
+    def _run_step(self, g: Generation) -> StepResult:
+        """Plain decoding on a batched slot, driven by the engine's decode thread
+        (:class:`~moa_cpp.target_slots.PlainRun`: it chooses each token with :func:`_sample`, as
+        :meth:`_plain_step` does, and decodes it at once); this takes the tokens chosen since the
+        last step, at least one, and emits them."""
+        if g.run is None:
+            tgt, sp = self.target, g.sp
+            g.run = tgt.plain_run(g.root, g.n, lambda row: _sample(_eog_masked(row[None], tgt, sp)[0], g),
+                                  g.max_tokens - g.generated)
+        t = time.perf_counter()
+        toks, ended, err = g.run.take()
+        t_target = time.perf_counter() - t
+        if ended:
+            g.run = None
+        if err is not None:
+            if isinstance(err, CacheFullError):
+                return self._finish(g, "length")
+            raise err
+        g.feed.append(g.root)
+        g.feed += toks[:-1]
+        g.ids += toks
+        g.n += len(toks)
+        g.root = toks[-1]
+        st = g.stats
+        st.target_calls += len(toks)
+        st.t_target += t_target
+        st.accept_lengths += [1] * len(toks)
+        return self._emit(g, toks, 0, 0, 0, "none", 0.0, t_target, 0.0)
+
+    def stop(self, g: Generation) -> None:
+        """End ``g`` early (a stop string, a client gone): a batched slot's plain run is stopped
+        and the cells it decoded past ``g``'s root dropped, so the caches hold what a plain loop
+        would have left. :meth:`run` calls it when its consumer stops early."""
+        if g.run is None:
+            return
+        run, g.run = g.run, None
+        self.target.stop_run(run)
+        self.target.rollback(g.n)
+        self.prefix.record(g)
 
     @staticmethod
     def _constrained(g: Generation, rows: np.ndarray, proposal: Optional[Proposal] = None) -> np.ndarray:
@@ -465,7 +515,10 @@ class SpeculativeLoop:
         if max_tokens <= 0:
             return
         g, r = self.prefill(prompt, max_tokens, sp, draft, logprobs, reuse)
-        yield StepEvent(list(r.tokens), g.stats, list(r.logprobs), list(r.origins))
-        while not g.finished:
-            r = self.step(g)
+        try:
             yield StepEvent(list(r.tokens), g.stats, list(r.logprobs), list(r.origins))
+            while not g.finished:
+                r = self.step(g)
+                yield StepEvent(list(r.tokens), g.stats, list(r.logprobs), list(r.origins))
+        finally:
+            self.stop(g)

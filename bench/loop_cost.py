@@ -1,0 +1,310 @@
+#!/usr/bin/env python
+"""The loop's own cost: milliseconds per generated token spent outside ``llama_decode`` and the
+drafter's graph (issue 59), on the GPU-speed proxy and on SmolLM2, next to ``llama-bench`` tg.
+
+Per target (``--targets``, default ``proxy smollm2``; ``proxy`` is bench/_proxy.py's ~1 ms random
+llama with SmolLM2's tokenizer), chat prompts of mt_bench and alpaca, greedy, one warm-up of each
+method, then the methods interleaved per prompt (their order rotating):
+
+- ``llama-bench`` ``-p 0 -n N -fa 1``: llama.cpp's token generation, nothing around it (the floor);
+- ``generate --no-draft``: the ``moa-cpp generate --json`` process; its in-process decode rate;
+- in process (``SpeculativeGenerator``, timed hooks on ``llama_decode`` and on the drafter's native
+  calls): ``api plain`` (``generate``), ``api stream`` (``stream``, pieces as a user reads them),
+  ``api ngram`` (``spec_type="ngram"``, the cost-aware default), ``api moa chain:4`` (forced chain
+  of 4: the shipped drafter on SmolLM2, a random drafter on the proxy: its cost, not its acceptance).
+  Per generated token: the decode phase's wall time, the time inside ``llama_decode``, inside the
+  drafter's native calls, and the rest -- **the loop's own cost**.
+
+``--profile`` adds one cProfile pass per in-process method (after the timed ones) and lists the
+functions with the most own time per token: where the loop's milliseconds go.
+
+    python bench/loop_cost.py                          # ~4 min on 2 quiet cores (after bench/peers/build.sh)
+    python bench/loop_cost.py --targets proxy --profile
+    python bench/loop_cost.py --quick --results-dir /tmp/smoke
+
+Writes bench/results/<machine-label>/loop_cost.json/.md/.png. Without the peers built (``bash
+bench/peers/build.sh``), the llama-bench column is left empty.
+"""
+from __future__ import annotations
+
+import cProfile
+import json
+import pstats
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import EVAL_DIR, base_parser, eval_prompts, md_table, run_info, usable_cores, write_results  # noqa: E402
+from peers_compare import moa_generate_cmd, ours_record, peers_dir, rotate, run_proc  # noqa: E402
+from spec_types import model_path  # noqa: E402
+from spec_types import run as run_moa  # noqa: E402
+
+SETS = ["mt_bench", "alpaca"]
+API_METHODS = ["api plain", "api stream", "api ngram", "api moa chain:4"]
+
+
+class Hooks:
+    """Timed wrappers around ``llama_cpp.llama_decode`` and the drafter's native calls: every
+    call's (start, seconds), so that a decode phase's share can be summed afterwards."""
+
+    DRAFTER_CALLS = ("moa_state_draft", "moa_state_draft_rows", "moa_state_commit", "moa_state_feed",
+                     "moa_state_compute_ca", "moa_state_append_ca", "moa_state_rollback", "moa_state_clear_drafts")
+
+    def __init__(self) -> None:
+        import llama_cpp
+
+        import moa_cpp.drafter as drafter_mod
+        self.calls: dict = {"decode": [], "drafter": []}
+        self._llama, self._decode = llama_cpp, llama_cpp.llama_decode
+        self._drafter_mod, self._lib = drafter_mod, drafter_mod.lib
+        calls, decode = self.calls, self._decode
+
+        def timed_decode(ctx, batch):
+            t = time.perf_counter()
+            try:
+                return decode(ctx, batch)
+            finally:
+                calls["decode"].append((t, time.perf_counter() - t))
+
+        real = self._lib
+
+        class TimedLib:          # the cffi lib's attributes cannot be replaced: wrap the module's name
+            def __getattr__(self, name):
+                f = getattr(real, name)
+                if name not in Hooks.DRAFTER_CALLS:
+                    return f
+
+                def timed(*a):
+                    t = time.perf_counter()
+                    try:
+                        return f(*a)
+                    finally:
+                        calls["drafter"].append((t, time.perf_counter() - t))
+                return timed
+
+        llama_cpp.llama_decode = timed_decode
+        drafter_mod.lib = TimedLib()
+
+    def reset(self) -> None:
+        for v in self.calls.values():
+            v.clear()
+
+    def since(self, kind: str, t0: float) -> float:
+        return sum(d for t, d in self.calls[kind] if t >= t0)
+
+    def close(self) -> None:
+        self._llama.llama_decode = self._decode
+        self._drafter_mod.lib = self._lib
+
+
+def api_method(gen: Any, how: str, hooks: Hooks, q: str, n: int) -> dict:
+    """One in-process generation; the decode phase (after the first token) split by where its
+    time went."""
+    hooks.reset()
+    t_call = time.perf_counter()
+    if how == "stream":
+        pieces = list(gen.stream(q, chat=True, max_tokens=n, temperature=0.0))
+        text, st = "".join(p.text if hasattr(p, "text") else str(p) for p in pieces), gen.last_stats
+    else:
+        r = gen.generate(q, chat=True, max_tokens=n, temperature=0.0)
+        text, st = r.text, r.stats
+    t_end = time.perf_counter()
+    wall = t_end - t_call
+    t0 = t_end - st.t_total if how != "stream" else None
+    # stream(): t_total ends at the last step, before the last pieces are yielded; take the decode
+    # phase as everything after the prefill's share of the call
+    if t0 is None:
+        t0 = t_call + st.t_prefill
+    phase = t_end - t0
+    tok = max(st.n_generated - 1, 1)         # tokens of the decode phase (the first came with the prefill)
+    dec, dr = hooks.since("decode", t0), hooks.since("drafter", t0)
+    return {"wall": wall, "n": st.n_generated, "text": text, "t_phase": phase, "t_decode_calls": dec,
+            "t_drafter_calls": dr, "ms_token": 1e3 * phase / tok, "ms_decode": 1e3 * dec / tok,
+            "ms_drafter": 1e3 * dr / tok, "ms_loop": 1e3 * (phase - dec - dr) / tok,
+            "decode_calls": sum(1 for t, _ in hooks.calls["decode"] if t >= t0),
+            "drafted": st.drafted, "accepted": st.accepted, "decode_tok_s": tok / phase}
+
+
+def profile_method(fn, n_tok: int, top: int = 12) -> list:
+    """Own time per generated token (ms) of the functions that take the most, one cProfile pass."""
+    pr = cProfile.Profile()
+    pr.enable()
+    fn()
+    pr.disable()
+    st = pstats.Stats(pr)
+    rows = []
+    for (file, line, name), (cc, nc, tt, ct, _) in st.stats.items():
+        rows.append((tt, ct, nc, f"{Path(file).name}:{line}({name})" if file != "~" else name))
+    rows.sort(reverse=True)
+    return [{"fn": f, "own_ms_token": 1e3 * tt / n_tok, "cum_ms_token": 1e3 * ct / n_tok, "calls": nc}
+            for tt, ct, nc, f in rows[:top]]
+
+
+def measure_target(name: str, args, peers: Optional[Path]) -> dict:
+    from moa_cpp import SpeculativeGenerator, defaults
+    from moa_cpp.random_drafter import make_random_drafter
+    model = model_path(name)
+    T, n = args.threads, args.max_tokens
+    if name == "smollm2":
+        drafter = str(defaults.default_drafter())
+    else:
+        from moa_cpp.models import cache_dir
+        drafter = str(cache_dir() / "bench" / f"{Path(model).stem}.random-drafter.gguf")
+        if not Path(drafter).is_file():
+            make_random_drafter(model, drafter, outtype="q8_0")
+    prompts = [(s, i, q) for s in SETS for i, q in enumerate(eval_prompts(Path(EVAL_DIR), [s], args.prompts))]
+    gens = {
+        "api plain": SpeculativeGenerator.from_paths(model, n_threads=T),
+        "api ngram": SpeculativeGenerator.from_paths(model, n_threads=T, spec_type="ngram"),
+        "api moa chain:4": SpeculativeGenerator.from_paths(model, drafter, n_threads=T, draft="chain:4"),
+    }
+    gens["api stream"] = gens["api plain"]
+    hooks = Hooks()
+    fns: dict = {}
+    for m in API_METHODS:
+        fns[m] = (lambda m: lambda q: api_method(gens[m], "stream" if m == "api stream" else "generate", hooks, q, n))(m)
+    ours_cmd = moa_generate_cmd(model, n, T, 4096, ["--no-draft"])
+    fns["generate --no-draft"] = lambda q: ours_record(*run_moa(ours_cmd, q, None, args.timeout)[:2])
+    bench_cmd = None
+    if peers is not None:
+        bench_cmd = [str(peers / "llama-bench"), "-m", model, "-p", "0", "-n", str(n), "-t", str(T), "-fa", "1",
+                     "-r", "1", "-o", "json"]
+
+        def bench(q):
+            wall, out, _ = run_proc(bench_cmd, args.timeout)
+            r = json.loads(out)[0]
+            return {"wall": wall, "n": n, "decode_tok_s": r["avg_ts"], "ms_token": 1e3 / r["avg_ts"]}
+        fns["llama-bench"] = bench
+    names = list(fns)
+    try:
+        for m in names:
+            fns[m]("Hello! Who are you?")
+        records = []
+        for gi, (s, qi, q) in enumerate(prompts):
+            rec = {"set": s, "q": qi, "order": rotate(names, gi)}
+            for m in rec["order"]:
+                rec[m] = fns[m](q)
+                if "ms_token" not in rec[m] and rec[m].get("decode_tok_s"):
+                    rec[m]["ms_token"] = 1e3 / rec[m]["decode_tok_s"]
+            records.append(rec)
+            print(f"[{name}] {s}[{qi}] " + " | ".join(
+                f"{m} {rec[m].get('ms_token', 0):.3f} ms" + (f" (loop {rec[m]['ms_loop']:.3f})" if "ms_loop" in rec[m]
+                                                           else "") for m in names), flush=True)
+        profile = {}
+        if args.profile:
+            q = prompts[0][2]
+            for m in API_METHODS:
+                g = gens[m]
+                st_n = []
+
+                def once(m=m, g=g):
+                    r = api_method(g, "stream" if m == "api stream" else "generate", hooks, q, n)
+                    st_n.append(r["n"])
+                profile[m] = profile_method(once, n)
+    finally:
+        hooks.close()
+        for g in {id(g): g for g in gens.values()}.values():
+            g.target.close()
+
+    def total(m, key):
+        rs = [r[m] for r in records]
+        tok = sum(max(r["n"] - 1, 1) for r in rs)
+        return 1e3 * sum(r[key] for r in rs) / tok
+
+    summary = {}
+    for m in names:
+        rs = [r[m] for r in records]
+        s = {"ms_token": sum(r["ms_token"] * max(r["n"] - 1, 1) for r in rs) / sum(max(r["n"] - 1, 1) for r in rs)}
+        if m in API_METHODS:
+            s.update(ms_decode=total(m, "t_decode_calls"), ms_drafter=total(m, "t_drafter_calls"),
+                     ms_token=total(m, "t_phase"))
+            s["ms_loop"] = s["ms_token"] - s["ms_decode"] - s["ms_drafter"]
+            s["drafted"] = sum(r["drafted"] for r in rs)
+            s["accepted"] = sum(r["accepted"] for r in rs)
+            s["decode_calls"] = sum(r["decode_calls"] for r in rs)
+            s["tokens"] = sum(max(r["n"] - 1, 1) for r in rs)
+        s["tok_s"] = 1e3 / s["ms_token"]
+        summary[m] = s
+    return {"target": name, "model": model, "drafter": drafter, "prompts": len(prompts), "max_tokens": n,
+            "commands": {"llama-bench": bench_cmd, "generate --no-draft": ours_cmd}, "records": records,
+            "summary": summary, "profile": profile}
+
+
+def md(doc: dict) -> str:
+    out = []
+    for t in doc["targets"]:
+        s = t["summary"]
+        base = s.get("llama-bench", {}).get("ms_token")
+        rows = []
+        for m, v in s.items():
+            rows.append([m, f"{v['ms_token']:.3f}", f"{v['tok_s']:.1f}", f"{base / v['ms_token']:.3f}" if base else "",
+                         f"{v['ms_decode']:.3f}" if "ms_decode" in v else "",
+                         f"{v['ms_drafter']:.3f}" if "ms_drafter" in v else "",
+                         f"**{v['ms_loop']:.3f}**" if "ms_loop" in v else "",
+                         f"{v['accepted']}/{v['drafted']}" if v.get("drafted") else ""])
+        out.append(f"## {t['target']}: `{Path(t['model']).name}`\n\n{t['prompts']} chat prompts "
+                   f"({', '.join(SETS)}), -n {t['max_tokens']}, greedy, drafter `{Path(t['drafter']).name}` "
+                   "(api moa chain:4). ms/token: the decode phase (after the first token) per token; "
+                   "llama-bench: 1 / its tg rate.\n\n" + md_table(
+                       ["method", "ms/token", "tok/s", "x llama-bench tg", "in llama_decode", "in drafter calls",
+                        "loop's own", "accepted/drafted"], rows) + "\n")
+        if t["profile"]:
+            for m, rows_p in t["profile"].items():
+                out.append(f"Profile of {m} (cProfile, one prompt; own ms per token, slowed by the profiler):\n\n" +
+                           md_table(["function", "own ms/token", "cum ms/token", "calls"],
+                                    [[r["fn"], f"{r['own_ms_token']:.4f}", f"{r['cum_ms_token']:.4f}", r["calls"]]
+                                     for r in rows_p]) + "\n")
+        cmds = t["commands"]
+        out.append("Commands: " + "; ".join(f"{k}: `{shlex.join(v)} ...`" for k, v in cmds.items() if v) + "\n")
+    return "\n".join(out)
+
+
+def plot(doc: dict):
+    def draw(plt):
+        fig, axes = plt.subplots(1, len(doc["targets"]), figsize=(6 * len(doc["targets"]), 4), squeeze=False)
+        for ax, t in zip(axes[0], doc["targets"]):
+            s = t["summary"]
+            ms = list(s)
+            parts = [("ms_decode", "llama_decode"), ("ms_drafter", "drafter calls"), ("ms_loop", "loop's own")]
+            bottom = [0.0] * len(ms)
+            for key, label in parts:
+                vals = [s[m].get(key, 0.0) if key != "ms_decode" or "ms_decode" in s[m] else s[m]["ms_token"]
+                        for m in ms]
+                ax.bar(ms, vals, bottom=bottom, label=label)
+                bottom = [b + v for b, v in zip(bottom, vals)]
+            ax.set_title(f"{t['target']}: ms per generated token")
+            ax.tick_params(axis="x", rotation=30)
+            ax.legend()
+        fig.tight_layout()
+        return fig
+    return draw
+
+
+def main(argv=None) -> int:
+    ap = base_parser(__doc__)
+    ap.add_argument("--targets", nargs="+", default=["proxy", "smollm2"], help="proxy, smollm2 or GGUF paths")
+    ap.add_argument("--threads", type=int, default=None, help="default: all usable cores")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=3, help="chat prompts per set (mt_bench, alpaca)")
+    ap.add_argument("--profile", action="store_true", help="one cProfile pass per in-process method")
+    ap.add_argument("--quick", action="store_true", help="smoke: 1 prompt per set, 16 tokens")
+    ap.add_argument("--no-llama-bench", action="store_true", help="leave the llama-bench column out (no peers build)")
+    ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--name", default="loop_cost")
+    ap.add_argument("--results-dir", default=None)
+    args = ap.parse_args(argv)
+    args.threads = args.threads or usable_cores()
+    if args.quick:
+        args.prompts, args.max_tokens = 1, 16
+    peers = None if args.no_llama_bench else peers_dir()      # builds the peers once (bench/peers/build.sh)
+    doc = {"run": run_info(args.threads), "targets": [measure_target(t, args, peers) for t in args.targets]}
+    write_results(args.name, doc, md(doc), plot(doc), out_dir=args.results_dir)
+    print(md(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
