@@ -64,6 +64,17 @@ class LlamaBatch:
                 self._seq_rows[i][: len(ids)] = ids
         self.batch.n_tokens = n
 
+    def fill_one(self, token: int, pos: int) -> None:
+        """One token of sequence 0 with its logits (the plain loop's step; no checks)."""
+        self._token[0] = token
+        self._pos[0] = pos
+        self._logits[0] = 1
+        self._n_seq_id[0] = 1
+        if self._seq0 < 1:
+            self._seq_rows[0][0] = 0
+            self._seq0 = 1
+        self.batch.n_tokens = 1
+
     def free(self) -> None:
         if self.batch is not None:
             self._seq_rows = []

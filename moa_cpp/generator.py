@@ -182,7 +182,7 @@ class SpeculativeGenerator:
             # hold back what may still become a stop string or a multi-byte character
             end = len(full) - held_back(full, stop)
             piece, shown = full[shown:max(shown, end)], max(shown, end)
-            yield Piece(ev.tokens, piece, lps.ending_within(full[:shown]), split(piece))
+            yield Piece(ev.tokens, piece, lps.ending_within(full[:shown]) if lps.pending else [], split(piece))
         if stats is not None:
             tail = render.extend([])[shown:]
             if tail or lps.pending:

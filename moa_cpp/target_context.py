@@ -313,6 +313,20 @@ class TargetContext(TargetText):
         self._batch.fill(toks, pos, seq_ids, last_only)
         return self._run_batch(n, 1 if last_only else n, capture)
 
+    def decode_one(self, token: int, pos: int) -> np.ndarray:
+        """:meth:`decode` of one token of sequence 0 at ``pos``, without capture, for the plain
+        loop's step (its ids come from sampling: not checked again): its logits ``[1, n_vocab]``
+        as a view of llama.cpp's buffer, valid until the next decode."""
+        if self._ctx is None:
+            raise MoaError("Target is closed")
+        self.kv_version += 1
+        if self._history is not None and 0 <= pos < self.n_ctx:
+            self._history[pos] = token
+        if pos >= LONE_ROW_CELLS:
+            self.lone_row_from = pos if self.lone_row_from is None else min(self.lone_row_from, pos)
+        self._batch.fill_one(token, pos)
+        return self._run_batch(1, 1, False, copy=False)
+
     def decode_rows(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: SeqIds, outputs: np.ndarray,
                     capture: bool, *, copy: bool = True, before: Optional[Any] = None) -> np.ndarray:
         """One ``llama_decode`` of already checked inputs, with logits for the rows where

@@ -454,6 +454,7 @@ class SlotTarget:
 
     holds_trees = False                       # one stream per slot: no room for a tree's sequences
     n_seq_max = 1
+    decode_one = None                         # not the shared context's: a slot's decodes go through the engine
 
     def __init__(self, engine: BatchEngine, seq: int) -> None:
         self.__dict__["_engine"] = engine

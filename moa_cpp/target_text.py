@@ -16,7 +16,7 @@ import numpy as np
 
 from .chat_template import apply_chat_template
 from .errors import MoaError
-from .text_stream import TextStream
+from .text_stream import TextStream, pieces_concatenate
 
 
 class TargetText:
@@ -103,7 +103,10 @@ class TargetText:
 
     def text_stream(self) -> "TextStream":
         """An incremental :meth:`detokenize` for streaming (see :class:`TextStream`)."""
-        return TextStream(self._vocab)
+        concat = getattr(self, "_pieces_concat", None)
+        if concat is None:                 # probed once per vocabulary
+            concat = self._pieces_concat = pieces_concatenate(self._vocab)
+        return TextStream(self._vocab, concat)
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
         """Text of ``tokens``; ``special`` renders special tokens."""

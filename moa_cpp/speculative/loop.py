@@ -303,8 +303,12 @@ class SpeculativeLoop:
         a user compares with, so it must cost no more than llama.cpp's own loop). ``t_draft``:
         a proposer's time on this cycle that found nothing to draft."""
         t = time.perf_counter()
+        one = getattr(self.target, "decode_one", None)
         try:
-            logits = self.target.decode((g.root,), (g.n,), capture=False)
+            if one is not None and self.on_cycle is None:
+                logits = one(g.root, g.n)       # a view, read before the next decode
+            else:
+                logits = self.target.decode((g.root,), (g.n,), capture=False)
         except CacheFullError:
             return self._finish(g, "length")
         t_target = time.perf_counter() - t
