@@ -6,7 +6,9 @@ Per target (``--targets``, default ``proxy smollm2``; ``proxy`` is bench/_proxy.
 llama with SmolLM2's tokenizer), chat prompts of mt_bench and alpaca, greedy, one warm-up of each
 method, then the methods interleaved per prompt (their order rotating):
 
-- ``llama-bench`` ``-p 0 -n N -fa 1``: llama.cpp's token generation, nothing around it (the floor);
+- ``llama-bench`` ``-p 0 -n N -fa 1``: llama.cpp's token generation, nothing around it (the floor),
+  on an empty context and at ``-d D`` (after D tokens, D = the chat prompts' mean length, where our
+  decodes run: attention then reads D more cells per token);
 - ``generate --no-draft``: the ``moa-cpp generate --json`` process; its in-process decode rate;
 - in process (``SpeculativeGenerator``, timed hooks on ``llama_decode`` and on the drafter's native
   calls): ``api plain`` (``generate``), ``api stream`` (``stream``, pieces as a user reads them),
@@ -169,15 +171,19 @@ def measure_target(name: str, args, peers: Optional[Path]) -> dict:
     ours_cmd = moa_generate_cmd(model, n, T, 4096, ["--no-draft"])
     fns["generate --no-draft"] = lambda q: ours_record(*run_moa(ours_cmd, q, None, args.timeout)[:2])
     bench_cmd = None
+    # our decodes follow a chat prompt; llama-bench's tg starts on an empty context unless -d
+    # (depth) fills it first: both are shown, the prompts' mean length as the depth
+    depth = round(sum(len(gens["api plain"].encode(q, chat=True)) for _, _, q in prompts) / len(prompts))
     if peers is not None:
         bench_cmd = [str(peers / "llama-bench"), "-m", model, "-p", "0", "-n", str(n), "-t", str(T), "-fa", "1",
                      "-r", "1", "-o", "json"]
 
-        def bench(q):
-            wall, out, _ = run_proc(bench_cmd, args.timeout)
+        def bench(q, extra=()):
+            wall, out, _ = run_proc(bench_cmd + list(extra), args.timeout)
             r = json.loads(out)[0]
             return {"wall": wall, "n": n, "decode_tok_s": r["avg_ts"], "ms_token": 1e3 / r["avg_ts"]}
         fns["llama-bench"] = bench
+        fns[f"llama-bench -d {depth}"] = lambda q: bench(q, ["-d", str(depth)])
     names = list(fns)
     try:
         for m in names:
@@ -228,7 +234,7 @@ def measure_target(name: str, args, peers: Optional[Path]) -> dict:
             s["tokens"] = sum(max(r["n"] - 1, 1) for r in rs)
         s["tok_s"] = 1e3 / s["ms_token"]
         summary[m] = s
-    return {"target": name, "model": model, "drafter": drafter, "prompts": len(prompts), "max_tokens": n,
+    return {"target": name, "model": model, "drafter": drafter, "prompts": len(prompts), "max_tokens": n, "depth": depth,
             "commands": {"llama-bench": bench_cmd, "generate --no-draft": ours_cmd}, "records": records,
             "summary": summary, "profile": profile}
 
@@ -238,9 +244,11 @@ def md(doc: dict) -> str:
     for t in doc["targets"]:
         s = t["summary"]
         base = s.get("llama-bench", {}).get("ms_token")
+        based = s.get(f"llama-bench -d {t['depth']}", {}).get("ms_token")
         rows = []
         for m, v in s.items():
             rows.append([m, f"{v['ms_token']:.3f}", f"{v['tok_s']:.1f}", f"{base / v['ms_token']:.3f}" if base else "",
+                         f"{based / v['ms_token']:.3f}" if based else "",
                          f"{v['ms_decode']:.3f}" if "ms_decode" in v else "",
                          f"{v['ms_drafter']:.3f}" if "ms_drafter" in v else "",
                          f"**{v['ms_loop']:.3f}**" if "ms_loop" in v else "",
@@ -248,8 +256,10 @@ def md(doc: dict) -> str:
         out.append(f"## {t['target']}: `{Path(t['model']).name}`\n\n{t['prompts']} chat prompts "
                    f"({', '.join(SETS)}), -n {t['max_tokens']}, greedy, drafter `{Path(t['drafter']).name}` "
                    "(api moa chain:4). ms/token: the decode phase (after the first token) per token; "
-                   "llama-bench: 1 / its tg rate.\n\n" + md_table(
-                       ["method", "ms/token", "tok/s", "x llama-bench tg", "in llama_decode", "in drafter calls",
+                   f"llama-bench: 1 / its tg rate, on an empty context and after {t['depth']} tokens (`-d`, the "
+                   "prompts' mean length: where our decodes run).\n\n" + md_table(
+                       ["method", "ms/token", "tok/s", "x llama-bench tg", f"x llama-bench tg -d {t['depth']}",
+                        "in llama_decode", "in drafter calls",
                         "loop's own", "accepted/drafted"], rows) + "\n")
         if t["profile"]:
             for m, rows_p in t["profile"].items():

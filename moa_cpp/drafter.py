@@ -168,6 +168,7 @@ class DrafterState:
         self.model = model  # keeps the weights alive
         self.n_batch = int(n_batch)
         self._ptr = ffi.gc(check_ptr(lib.moa_state_init(model._ptr, p), "creating drafter state"), lib.moa_state_free)
+        self._one: Optional[tuple] = None     # draft_next's buffers (made on first use)
 
     @property
     def n_ca(self) -> int:
@@ -272,6 +273,20 @@ class DrafterState:
         else:
             check(lib.moa_state_draft_rows(self._ptr, *args))
         return logits
+
+    def draft_next(self, token: int, pos: int, parent: int) -> np.ndarray:
+        """:meth:`draft` of one row (a chain's next draft: ``parent`` = the previous row's index)
+        through buffers kept from call to call: its logits ``[n_vocab]`` as a view that the next
+        call overwrites. The chain's step, with no per-step allocation of a vocabulary-sized row."""
+        if self._one is None:
+            ints = np.zeros(3, np.int32)
+            row = np.empty((1, self.model.n_vocab), np.float32)
+            p = ffi.cast("int32_t *", ffi.from_buffer(ints))
+            self._one = (ints, row, p, ffi.cast("float *", ffi.from_buffer(row)))
+        ints, row, p, out = self._one
+        ints[0], ints[1], ints[2] = token, pos, parent
+        check(lib.moa_state_draft_rows(self._ptr, 1, p, p + 1, p + 2, out, ffi.NULL))
+        return row[0]
 
     def feed(self, tokens: Sequence[int]) -> None:
         """Append context tokens to the SA cache (K/V only), at positions ``n_sa..``."""

@@ -57,6 +57,15 @@ class TargetScorer:
                                    logits="last")
             carry = carry[head:]
         n, c = proposal.n, len(carry)
+        if n == 0 or proposal.is_chain():
+            # a chain (most cycles): carry, root, drafts at consecutive positions, in order
+            tokens = np.empty(c + 1 + n, np.int32)
+            tokens[:c] = carry
+            tokens[c] = root
+            tokens[c + 1:] = proposal.tokens
+            batch_row = np.arange(c, c + n + 1, dtype=np.int64)
+            logits = self.target.decode(tokens, np.arange(pos - c, pos + n + 1, dtype=np.int32), capture=capture)
+            return Scores(logits[c:] if c else logits, batch_row, n, list(range(n)), None)
         main = main_path(proposal)
         on_main = set(main)
         order = main + [i for i in range(n) if i not in on_main]          # batch order of the nodes
@@ -67,9 +76,6 @@ class TargetScorer:
         batch_row[0] = c
         for r, i in enumerate(order):
             batch_row[i + 1] = c + 1 + r
-        if n == 0 or proposal.is_chain():
-            logits = self.target.decode(tokens, positions, capture=capture)
-            return Scores(logits[batch_row], batch_row, len(main), main, None)
         children = proposal.children()
         leaves = [i for i in range(n) if not children[i + 1]]
         if len(leaves) + 1 > self.target.n_seq_max:

@@ -98,7 +98,8 @@ class MoAProposer:
         tokens, qs, rows = [], [], 1
         for i in range(cfg.chain):
             if sp.greedy or rng is None:
-                tok = int(self.target_ids(np.array([int(np.argmax(logits))]))[0])
+                j = int(logits.argmax())
+                tok = j if self._d2t is None else int(self._d2t[j])
                 qs = None
             else:
                 q = probs_from_logits(logits, sp)
@@ -110,7 +111,8 @@ class MoAProposer:
                 qs.append(q)
             tokens.append(tok)
             if i + 1 < cfg.chain:
-                logits = self.state.draft([tok], [pos + i + 1])[0]
+                # row i + 1, child of row i (the root's row is 0): a view, read before the next step
+                logits = self.state.draft_next(tok, pos + i + 1, i)
                 rows += 1
         return Proposal.chain(tokens, qs, draft_rows=rows)
 
