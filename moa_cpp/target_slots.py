@@ -176,12 +176,16 @@ class BatchEngine:
         self._running = True
         return reqs
 
-    def submit(self, req: _Request) -> None:
+    def _enqueue(self, req: _Request) -> None:
+        """Add a slot's request to the pending set (under ``_cv``)."""
         seq = req.slot.seq
+        if seq in self._pending:
+            raise MoaError(f"slot {seq}: two decodes at once (one thread per slot)")
+        self._pending[seq] = req
+
+    def submit(self, req: _Request) -> None:
         with self._cv:
-            if seq in self._pending:
-                raise MoaError(f"slot {seq}: two decodes at once (one thread per slot)")
-            self._pending[seq] = req
+            self._enqueue(req)
             while not req.done:
                 reqs = self._take()
                 if reqs is None:
@@ -272,11 +276,8 @@ class BatchEngine:
 
     def start_run(self, req: _Request) -> None:
         """Queue a plain run's first row; the decode thread carries it on (no wait here)."""
-        seq = req.slot.seq
         with self._cv:
-            if seq in self._pending:
-                raise MoaError(f"slot {seq}: two decodes at once (one thread per slot)")
-            self._pending[seq] = req
+            self._enqueue(req)
             reqs = self._take()
         if reqs is not None:
             self._on_decode_thread(reqs)

@@ -72,6 +72,12 @@ def _wait(cond, timeout=180.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _text(d, css):
+    """The first match's text, "" while nothing matches (the page may still be rendering)."""
+    found = _by(d, css)
+    return found[0].text if found else ""
+
+
 def _by(d, css):
     from selenium.webdriver.common.by import By
     return d.find_elements(By.CSS_SELECTOR, css)
@@ -173,7 +179,7 @@ def test_key_prompt_answer_and_highlighted_drafts(server, browser):
     key.send_keys(KEY)
     key.submit()
     _wait(lambda: not dialog.is_displayed(), 10, "the key prompt to close")
-    _wait(lambda: "draft chain:3" in _by(d, "#server-info")[0].text, 30, "the server's props")
+    _wait(lambda: "draft chain:3" in _text(d, "#server-info"), 30, "the server's props")
     assert d.execute_script("return sessionStorage.getItem('moa-cpp-api-key')") == KEY
     assert KEY not in d.current_url
     _set(d, "temperature", "0")
@@ -285,7 +291,7 @@ def scripted():
 def test_model_markup_is_text_and_abort_is_said(scripted, browser):
     d = browser
     d.get(scripted + "/")
-    _wait(lambda: "scripted" in _by(d, "#server-info")[0].text, 30, "the props")
+    _wait(lambda: "scripted" in _text(d, "#server-info"), 30, "the props")
     box = _send(d, "anything")
     _wait(lambda: box.get_attribute("data-state") == "done", 30, "the scripted answer")
     content = d.execute_script("return arguments[0].querySelector('.content').textContent", box)
