@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 import llama_cpp
 
+from .atomic import write_text_atomic
+
 if TYPE_CHECKING:  # pragma: no cover
     from .target_context import TargetContext
 
@@ -108,9 +110,7 @@ def store(table: str, target: "TargetContext", entry: dict, *, merge: bool = Fal
         row[table] = {**old, **entry}
         data[key] = row
         f = path()
-        tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, f)      # atomic: readers never see half a file
+        write_text_atomic(f, json.dumps(data, indent=1, sort_keys=True))   # readers never see half a file
 
 
 @contextlib.contextmanager

