@@ -180,13 +180,21 @@ def build(archs: list[str], timeout: float = 900) -> dict[str, dict]:
     if why:
         raise FileNotFoundError(why)
     key = _source_hash()
-    missing = [a for a in archs if not paths(a, key)["meta"].is_file()]
-    if missing:
-        root().mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "moa_cpp.testing.tiny_archs", "--key", key, *missing]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        if r.returncode != 0:
-            raise RuntimeError(f"tiny-arch build failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+    root().mkdir(parents=True, exist_ok=True)
+    # one builder at a time (parallel test workers): the converter process works in fixed
+    # temporary folders, and a second one would remove the first one's
+    with open(root() / ".build.lock", "w") as lock:
+        try:
+            import fcntl
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except ImportError:          # not POSIX: builds are not shared across processes there
+            pass
+        missing = [a for a in archs if not paths(a, key)["meta"].is_file()]
+        if missing:
+            cmd = [sys.executable, "-m", "moa_cpp.testing.tiny_archs", "--key", key, *missing]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            if r.returncode != 0:
+                raise RuntimeError(f"tiny-arch build failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
     out = {}
     for a in archs:
         p = paths(a, key)
