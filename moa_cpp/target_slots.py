@@ -54,7 +54,7 @@ class _Request:
 # travel in batches of ~10 ms of decoding (a chunk of a stream), and a stop string found later has
 # cost that much decoding. Measured on the ~1 ms proxy, 2 cores (tok/s, two interleaved rounds):
 # 8 slots 2000-2090 / 1500-1570 against 1300-1370 / 1300-1370 waking per token after the decode;
-# 1 slot 1030-1120 / 890-1020 against 860-920 / 700-730
+# 1 slot 1030-1120 / 890-1020 against 860-920 / 700-730 (an ad hoc in-process script, not in bench/)
 WAKE_S = 0.01
 
 
@@ -290,8 +290,6 @@ class BatchEngine:
             if pending is not None and pending.run is run:    # (a set being decoded has left _pending)
                 del self._pending[seq]          # its row waits for the others' rows: drop it
                 run.finish()
-            elif not self._running:
-                run.finish()                    # it ended while its last tokens waited for a wake-up
         run.wait_finished()
 
     # ------------------------------------------------------------------ one set

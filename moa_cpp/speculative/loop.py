@@ -331,7 +331,7 @@ class SpeculativeLoop:
         """Whether the rest of ``g`` decodes plainly on a batched slot's engine (:meth:`_run_step`):
         the next token is the argmax or the draw of one row, nothing else reads it (no grammar,
         penalties, bias, logprobs or cycle observer)."""
-        return (g.run is not None or hasattr(self.target, "plain_run")) and g.grammar is None \
+        return hasattr(self.target, "plain_run") and g.grammar is None \
             and not g.sp.adjusts_logits and g.n_logprobs < 0 and self.on_cycle is None
 
     def _run_step(self, g: Generation) -> StepResult:
