@@ -67,8 +67,12 @@ class PlainRun:
     last cell (the token chosen then is not decoded: the loop's root), or when cancelled.
     Only the decode thread calls ``sample`` while the run lives."""
 
-    def __init__(self, sample: Callable[[np.ndarray], int], eog: frozenset, limit: int) -> None:
+    def __init__(self, sample: Callable[[np.ndarray], int], eog: frozenset, limit: int,
+                 probe: Optional[Callable[[int, int], bool]] = None) -> None:
         self.sample, self.eog, self.limit = sample, eog, int(limit)
+        # probe(token, position) -> True ends the run at that token (the loop's lookahead: drafts
+        # were found for it, and the slot's thread verifies them); called on the decode thread
+        self.probe = probe
         self.count = 0                    # tokens chosen
         self._woken = 0.0
         self._cv = threading.Condition()
@@ -262,6 +266,12 @@ class BatchEngine:
             run.finish(e)
             return None
         last = tok in run.eog or run.count + 1 >= run.limit or pos + 1 >= slot.n_ctx
+        if not last and run.probe is not None:
+            try:
+                last = bool(run.probe(tok, pos + 1))
+            except BaseException as e:   # as a sampling error: the slot's loop hears of it
+                run.finish(e)
+                return None
         if run.push(tok, last):
             self._to_wake.append(run)
         if last:
@@ -510,10 +520,12 @@ class SlotTarget:
         self._lsa = req.lsa
         return req.logits
 
-    def plain_run(self, root: int, pos: int, sample: Callable[[np.ndarray], int], limit: int) -> PlainRun:
+    def plain_run(self, root: int, pos: int, sample: Callable[[np.ndarray], int], limit: int,
+                  probe: Optional[Callable[[int, int], bool]] = None) -> PlainRun:
         """Plain decoding from ``root`` at ``pos`` on, driven by the engine's decode thread
         (:class:`PlainRun`): ``sample(logits_row) -> token`` chooses each next token there, up to
-        ``limit`` tokens. :meth:`stop_run` ends it early (call it before any other use of the slot)."""
+        ``limit`` tokens; ``probe(token, position)`` returning True ends the run at that token (not
+        decoded). :meth:`stop_run` ends it early (call it before any other use of the slot)."""
         if not 0 <= int(root) < self.n_vocab:
             raise InvalidArgumentError(f"decode: token ids must be in [0, {self.n_vocab})")
         if not 0 <= int(pos) < self.n_ctx:
@@ -522,7 +534,7 @@ class SlotTarget:
             raise InvalidArgumentError("plain_run: limit must be >= 1")
         self.kv_version += 1
         self._lsa = None
-        run = PlainRun(sample, frozenset(self.eog_tokens.tolist()), limit)
+        run = PlainRun(sample, frozenset(self.eog_tokens.tolist()), limit, probe)
         self._engine.start_run(_Request(self, np.array([int(root)], np.int32), np.array([int(pos)], np.int32),
                                         False, True, run))
         return run

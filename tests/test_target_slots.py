@@ -217,3 +217,79 @@ def test_plain_runs_give_plain_decoding_answers(targets, monkeypatch):
         if turn:
             assert all(g.stats.n_cached > 0 for g in got), "the second turn reuses the prompt's cells"
     assert sorted(set(runs)) == [0, 1, 2], "every slot decoded through a plain run"
+
+
+# forced chains: on SmolLM2 Q4_1 the cost-aware default finds that no draft pays (its verify
+# batches cost 2.4x+ a row) and decodes plainly without lookups
+LOOKAHEAD_SETTINGS = [dict(temperature=0.0, draft="chain:8"), dict(temperature=0.0, draft="chain:4"),
+                      dict(temperature=0.8, seed=5, draft="chain:4")]
+
+
+def test_ngram_slots_look_up_on_the_decode_thread_and_answer_as_plain_decoding(targets, monkeypatch):
+    """N-gram drafting slots run the cycles that find nothing as plain runs whose decode thread
+    looks up each next cycle (loop._Lookahead), and hand the first drafts found back to the
+    slot's thread: the answers (greedy, seeded sampling) equal plain decoding's, drafts were found by runs and verified, twice (the second
+    turn on the caches the first left)."""
+    from moa_cpp import SpeculativeGenerator
+    from moa_cpp.speculative import loop
+    from moa_cpp.target_slots import SlotTarget
+    ref, engine = targets
+    prompts = ["Count from 1 to 20, separated by commas.",
+               "Write a Python function that adds two numbers, then the same function again with a docstring.",
+               "List the days of the week, then list them again in reverse order."]
+    ref_gen = SpeculativeGenerator(ref)
+    gen_kw = [{k: v for k, v in kw.items() if k != "draft"} for kw in LOOKAHEAD_SETTINGS]
+    want = [ref_gen.generate(p, chat=True, max_tokens=64, **kw) for p, kw in zip(prompts, gen_kw)]
+    found, probed = [], []
+    real_call = loop._Lookahead.__call__
+
+    def counted(self, tok, pos):
+        hit = real_call(self, tok, pos)
+        probed.append(pos)
+        if hit:
+            found.append(pos)
+        return hit
+    monkeypatch.setattr(loop._Lookahead, "__call__", counted)
+    runs = []
+    real = SlotTarget.plain_run
+    monkeypatch.setattr(SlotTarget, "plain_run",
+                        lambda self, *a, **k: runs.append((self.seq, k.get("probe") is not None)) or real(self, *a, **k))
+    gens = [SpeculativeGenerator(engine.slot(i), spec_type="ngram", draft=LOOKAHEAD_SETTINGS[i].get("draft"))
+            for i in range(3)]
+    for turn in range(2):
+        got: list = [None] * 3
+        errors: list = []
+
+        def slot(i):
+            engine.enter(i)
+            try:
+                got[i] = gens[i].generate(prompts[i], chat=True, max_tokens=64, **gen_kw[i])
+            except BaseException as e:     # reported below
+                errors.append(e)
+            finally:
+                engine.leave(i)
+        threads = [threading.Thread(target=slot, args=(i,)) for i in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        assert not errors, errors
+        for w, g in zip(want, got):
+            assert g.tokens == w.tokens and g.text == w.text and g.stats.finish_reason == w.stats.finish_reason
+        assert sum(g.stats.drafted for g in got) > 0 and sum(g.stats.accepted for g in got) > 0
+        if turn == 0:
+            first = got
+    assert runs and all(p for _, p in runs), f"every plain run of an n-gram slot looked ahead: {runs}"
+    assert found and len(probed) > len(found), "runs looked up cycles, and some found drafts to hand back"
+    # the lookups are the slot thread's own: without runs, the same drafts, acceptance and steps
+    monkeypatch.setattr(loop.SpeculativeLoop, "_lookahead_runs", lambda self, g: False)
+    for i in range(3):
+        engine.enter(i)
+        try:
+            g = SpeculativeGenerator(engine.slot(i), spec_type="ngram", draft=LOOKAHEAD_SETTINGS[i]["draft"]) \
+                .generate(prompts[i], chat=True, max_tokens=64, **gen_kw[i])
+        finally:
+            engine.leave(i)
+        a, b = first[i].stats, g.stats
+        assert g.tokens == first[i].tokens
+        assert (a.drafted, a.accepted, a.accept_lengths) == (b.drafted, b.accepted, b.accept_lengths), i

@@ -60,6 +60,13 @@ class DrawCursor:
         self.j += 1
         return t
 
+    def next_u(self) -> float:
+        """The uniform of the token this cursor chooses next (the verifier samples the target's
+        row with it through ``verify.sample_logits``)."""
+        u = self.draws.u(self.j)
+        self.j += 1
+        return u
+
     def choice(self, n: int, p: np.ndarray) -> int:
         if p is None or len(p) != n:
             raise ValueError("DrawCursor.choice needs p over the n choices")

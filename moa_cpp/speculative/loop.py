@@ -29,7 +29,7 @@ from .grammar import Grammar, constrain_rows
 from .penalties import adjust_rows
 from .prefix_cache import PrefixCache
 from .draws import Draws, DrawCursor
-from .verify import probs_from_logits, verify
+from .verify import probs_from_logits, sample_logits, verify
 
 
 @dataclass
@@ -66,6 +66,9 @@ class Generation:
     ids: list = field(default_factory=list)      # the token at every position: prompt, then the roots
     drawn: int = 0                 # sampling: tokens chosen so far (the next one takes draw ``drawn``)
     run: Any = None                # a batched slot's plain run (moa_cpp.target_slots.PlainRun) while it lives
+    # drafts a plain run's lookup found for the root it ended at (:class:`_Lookahead`): the next
+    # step verifies them as its own proposal, (proposal, shape, seconds of the lookup)
+    lookahead: Any = None
 
     def cursor(self) -> Optional[DrawCursor]:
         """The draws from the next token on (None when greedy)."""
@@ -113,7 +116,45 @@ def _sample(logits: np.ndarray, g: Generation) -> int:
     if g.sp.greedy:
         return int(np.argmax(logits))
     g.drawn += 1
-    return g.draws.sample(probs_from_logits(logits, g.sp), g.drawn - 1)
+    return sample_logits(logits, g.sp, g.draws.u(g.drawn - 1))
+
+
+class _Lookahead:
+    """A plain run's lookups (:meth:`SpeculativeLoop._run_step`), called by the engine's decode
+    thread with each token it chooses: shapes and looks up the cycle that token would start
+    exactly as :meth:`SpeculativeLoop.step` would (the policy's choice, the contextual fit,
+    ``draft_min``, the room), and ends the run at the first token whose lookup has drafts,
+    leaving them in ``g.lookahead``. Only the decode thread touches the proposer while the run
+    lives; a lookup that finds nothing counts in the statistics as a plain step's would."""
+
+    def __init__(self, loop: "SpeculativeLoop", g: Generation) -> None:
+        self.loop, self.g = loop, g
+        self.n0, self.gen0 = g.n, g.generated
+        self.toks = [g.root]             # the token at each position from n0 on
+        self.synced = g.n                # the root position of the proposer's latest lookup
+
+    def __call__(self, tok: int, pos: int) -> bool:
+        loop, g = self.loop, self.g
+        self.toks.append(int(tok))       # chosen for ``pos``, not decoded yet
+        room = loop.target.n_ctx - pos - 1
+        if room < 0:
+            return False
+        cfg = loop._shape(g, room, generated=self.gen0 + pos - self.n0)
+        if cfg.mode == "none":
+            return False
+        t = time.perf_counter()
+        proposal = loop._propose(g, cfg, (self.feed_until(pos), int(tok), pos))
+        self.synced = pos
+        dt = time.perf_counter() - t
+        if not proposal.n:
+            g.stats.t_drafter += dt
+            return False
+        g.lookahead = (proposal, cfg, dt)
+        return True
+
+    def feed_until(self, pos: int) -> list:
+        """The tokens from the proposer's latest root up to (not including) position ``pos``."""
+        return self.toks[self.synced - self.n0:pos - self.n0]
 
 
 class SpeculativeLoop:
@@ -249,16 +290,24 @@ class SpeculativeLoop:
         room = self.target.n_ctx - g.n - 1      # KV cells left for drafts after the root
         if room < 0:
             return self._finish(g, "length")
-        cfg = self._shape(g, room)
-        if cfg.mode == "none" and not g.carry and not g.drafting:
-            if self._engine_runs(g):
-                return self._run_step(g)
-            return self._plain_step(g)
-        t = time.perf_counter()
-        proposal = self._propose(g, cfg)
-        t_draft = time.perf_counter() - t
-        if not proposal.n and not g.carry and not self._captures():
-            return self._plain_step(g, t_draft)    # nothing to verify (no n-gram match): a plain step
+        if g.lookahead is not None:              # drafts found on the engine's decode thread
+            (proposal, cfg, t_draft), g.lookahead = g.lookahead, None
+        else:
+            cfg = self._shape(g, room)
+            if cfg.mode == "none" and not g.carry and not g.drafting:
+                if self._engine_runs(g):
+                    return self._run_step(g)
+                return self._plain_step(g)
+            t = time.perf_counter()
+            proposal = self._propose(g, cfg)
+            t_draft = time.perf_counter() - t
+            if not proposal.n and not g.carry and not self._captures():
+                # nothing to verify (no n-gram match): a plain step, or a plain run that looks up
+                # each next cycle on the decode thread until it finds drafts
+                if self._lookahead_runs(g):
+                    g.stats.t_drafter += t_draft
+                    return self._run_step(g, lookahead=True)
+                return self._plain_step(g, t_draft)
         t = time.perf_counter()
         try:
             scores = self.scorer.score(g.carry, g.root, g.n, proposal, g.drafting and self._captures(),
@@ -334,17 +383,31 @@ class SpeculativeLoop:
         return hasattr(self.target, "plain_run") and g.grammar is None \
             and not g.sp.adjusts_logits and g.n_logprobs < 0 and self.on_cycle is None
 
-    def _run_step(self, g: Generation) -> StepResult:
+    def _lookahead_runs(self, g: Generation) -> bool:
+        """Whether ``g``'s cycles that find nothing to draft run on the engine (:meth:`_run_step`
+        with a :class:`_Lookahead`): the proposer's lookups are deterministic and read only the
+        tokens (``engine_lookup``: the n-gram proposer), and the policy prices nothing it measures
+        in time (fixed, or per lookup after the fact), so the decode thread can shape and look up
+        each next cycle exactly as :meth:`step` would. On chat text most cycles find nothing:
+        they then cost a plain run's step, not two thread switches each."""
+        return bool(getattr(self.proposer, "engine_lookup", False)) and self._engine_runs(g) \
+            and not g.carry and (g.policy.contextual or not g.policy.adaptive)
+
+    def _run_step(self, g: Generation, lookahead: bool = False) -> StepResult:
         """Plain decoding on a batched slot, driven by the engine's decode thread
         (:class:`~moa_cpp.target_slots.PlainRun`: it chooses each token with :func:`_sample`, as
         :meth:`_plain_step` does, and decodes it at once); this takes the tokens chosen since the
-        last step, at least one, and emits them."""
+        last step, at least one, and emits them. ``lookahead``: the decode thread also looks up
+        drafts for each token it chooses and ends the run at the first that has some
+        (:class:`_Lookahead`); the next step verifies them."""
         if g.run is None:
             tgt, sp = self.target, g.sp
+            probe = _Lookahead(self, g) if lookahead else None
             g.run = tgt.plain_run(g.root, g.n, lambda row: _sample(_eog_masked(row[None], tgt, sp)[0], g),
-                                  g.max_tokens - g.generated)
+                                  g.max_tokens - g.generated, probe=probe)
+        run = g.run
         t = time.perf_counter()
-        toks, ended, err = g.run.take()
+        toks, ended, err = run.take()
         t_target = time.perf_counter() - t
         if ended:
             g.run = None
@@ -352,8 +415,13 @@ class SpeculativeLoop:
             if isinstance(err, CacheFullError):
                 return self._finish(g, "length")
             raise err
-        g.feed.append(g.root)
-        g.feed += toks[:-1]
+        probe = run.probe
+        if probe is None:
+            g.feed.append(g.root)
+            g.feed += toks[:-1]
+        elif ended:
+            # the proposer has seen the text up to the root of its last lookup
+            g.feed = probe.feed_until(g.n + len(toks))
         g.ids += toks
         g.n += len(toks)
         g.root = toks[-1]
@@ -392,8 +460,9 @@ class SpeculativeLoop:
         names = getattr(self.proposer, "names", None)
         return list(names) if names else [getattr(self.proposer, "name", "draft")]
 
-    def _shape(self, g: Generation, room: int) -> DraftConfig:
-        """This cycle's draft shape: the policy's choice, cut to the tokens left and the room."""
+    def _shape(self, g: Generation, room: int, generated: Optional[int] = None) -> DraftConfig:
+        """This cycle's draft shape: the policy's choice, cut to the tokens left and the room
+        (``generated``: the tokens emitted by then, when a plain run is ahead of ``g``)."""
         if not g.drafting:
             return NO_DRAFT
         st = g.stats
@@ -413,15 +482,22 @@ class SpeculativeLoop:
                     st.auto_choices.get(cfg.chain if cfg.mode == "chain" else 0, 0) + 1
         else:
             cfg = policy.choose(None)
-        return fit_chain(cfg, min(g.max_tokens - g.generated, room, g.max_rows - 1 - len(g.carry)))
+        left = g.max_tokens - (g.generated if generated is None else generated)
+        return fit_chain(cfg, min(left, room, g.max_rows - 1 - len(g.carry)))
 
-    def _propose(self, g: Generation, cfg: DraftConfig) -> Proposal:
+    def _propose(self, g: Generation, cfg: DraftConfig, at: Optional[tuple] = None) -> Proposal:
+        """The proposer's drafts for ``g``'s root (``at``: (feed, root, pos) of a root a plain
+        run is at, ahead of ``g``), cut to what the policy prices and what fits."""
         if cfg.mode == "none":
             return Proposal.empty()
         if cfg.mode == "tree" and not getattr(self.target, "holds_trees", True):
             cfg = replace(cfg, mode="chain", chain=min(cfg.depth, cfg.total))   # a batched slot: its main path
-        proposal = self.proposer.propose(g.feed, g.root, g.n, g.sp, g.cursor(), cfg)
-        g.feed = []
+        if at is None:
+            feed, root, pos = g.feed, g.root, g.n
+            g.feed = []
+        else:
+            feed, root, pos = at
+        proposal = self.proposer.propose(feed, root, pos, g.sp, g.cursor(), cfg)
         if proposal.n and not getattr(self.target, "holds_trees", True) and not proposal.is_chain():
             # a batched slot has one sequence: verify the tree's main path (its best guess)
             proposal = proposal.along(main_path(proposal))
@@ -432,7 +508,7 @@ class SpeculativeLoop:
             g.stats.auto_choices[k] = g.stats.auto_choices.get(k, 0) + 1
         if proposal.n < self.draft_min:
             proposal = replace(Proposal.empty(proposal.draft_rows), warmup_s=proposal.warmup_s)
-        room = self.target.n_ctx - g.n - 1
+        room = self.target.n_ctx - pos - 1
         cap = min(g.max_rows - 1 - len(g.carry), room) if proposal.n else 0
         if proposal.n > cap:
             proposal = proposal.prefix(max(0, cap))

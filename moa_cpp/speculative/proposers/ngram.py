@@ -155,6 +155,9 @@ class NgramProposer:
     # (bench/data/heldout-s8; not an eval set) with 8-draft chains; learned online from there
     context_priors = ((0.23, 0.58), (0.57, 0.68), (0.67, 0.75), (0.79, 0.84), (0.89, 0.90), (0.98, 0.98))
     row_cost = 0.0            # a lookup, not a model row: the policy counts drafts as free
+    # deterministic and reads only the tokens: a batched slot's plain run may look up each next
+    # cycle on the engine's decode thread (moa_cpp.speculative.loop._Lookahead)
+    engine_lookup = True
 
     def __init__(self, config: DraftConfig = DraftConfig("chain", chain=4), *, n_min: int = DEFAULT_N_MIN,
                  n_max: int = DEFAULT_N_MAX) -> None:
