@@ -11,11 +11,19 @@ method, then the methods interleaved per prompt (their order rotating):
   decodes run: attention then reads D more cells per token);
 - ``generate --no-draft``: the ``moa-cpp generate --json`` process; its in-process decode rate;
 - in process (``SpeculativeGenerator``, timed hooks on ``llama_decode`` and on the drafter's native
-  calls): ``api plain`` (``generate``), ``api stream`` (``stream``, pieces as a user reads them),
+  calls): ``api plain`` (``generate``), ``api sample`` (llama.cpp's default sampler settings,
+  seeded), ``api stream`` (``stream``, pieces as a user reads them),
   ``api ngram`` (``spec_type="ngram"``, the cost-aware default), ``api moa chain:4`` (forced chain
   of 4: the shipped drafter on SmolLM2, a random drafter on the proxy: its cost, not its acceptance).
   Per generated token: the decode phase's wall time, the time inside ``llama_decode``, inside the
   drafter's native calls, and the rest -- **the loop's own cost**.
+
+``--engine N [N ...]`` adds the server's batching engine without the server: N slots of one
+shared context (``moa_cpp.server.sessions.batched_slots``, as ``moa-cpp serve --parallel N``
+builds them) generate plainly at once in this process (the decode thread drives their plain
+runs), against ``llama-batched-bench -npl N`` (llama.cpp's batched decoding, nothing around it) on
+the same file: tok/s of the decode phase, ms per set of N tokens, its time inside
+``llama_decode`` and the engine's own (``--engine-only``: just this).
 
 ``--profile`` adds one cProfile pass per in-process method (after the timed ones) and lists the
 functions with the most own time per token: where the loop's milliseconds go.
@@ -45,7 +53,10 @@ from spec_types import model_path  # noqa: E402
 from spec_types import run as run_moa  # noqa: E402
 
 SETS = ["mt_bench", "alpaca"]
-API_METHODS = ["api plain", "api stream", "api ngram", "api moa chain:4"]
+API_METHODS = ["api plain", "api sample", "api stream", "api ngram", "api moa chain:4"]
+# ``api sample``: llama.cpp's default sampler settings (llama-cli / llama-server), seeded
+SAMPLE = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1)
+HOW = {"api stream": "stream", "api sample": "sample"}
 
 
 class Hooks:
@@ -111,7 +122,8 @@ def api_method(gen: Any, how: str, hooks: Hooks, q: str, n: int) -> dict:
         pieces = list(gen.stream(q, chat=True, max_tokens=n, temperature=0.0))
         text, st = "".join(p.text if hasattr(p, "text") else str(p) for p in pieces), gen.last_stats
     else:
-        r = gen.generate(q, chat=True, max_tokens=n, temperature=0.0)
+        kw = SAMPLE if how == "sample" else dict(temperature=0.0)
+        r = gen.generate(q, chat=True, max_tokens=n, **kw)
         text, st = r.text, r.stats
     t_end = time.perf_counter()
     wall = t_end - t_call
@@ -163,11 +175,11 @@ def measure_target(name: str, args, peers: Optional[Path]) -> dict:
         "api ngram": SpeculativeGenerator.from_paths(model, n_threads=T, spec_type="ngram"),
         "api moa chain:4": SpeculativeGenerator.from_paths(model, drafter, n_threads=T, draft="chain:4"),
     }
-    gens["api stream"] = gens["api plain"]
+    gens["api stream"] = gens["api sample"] = gens["api plain"]
     hooks = Hooks()
     fns: dict = {}
     for m in API_METHODS:
-        fns[m] = (lambda m: lambda q: api_method(gens[m], "stream" if m == "api stream" else "generate", hooks, q, n))(m)
+        fns[m] = (lambda m: lambda q: api_method(gens[m], HOW.get(m, "generate"), hooks, q, n))(m)
     ours_cmd = moa_generate_cmd(model, n, T, 4096, ["--no-draft"])
     fns["generate --no-draft"] = lambda q: ours_record(*run_moa(ours_cmd, q, None, args.timeout)[:2])
     bench_cmd = None
@@ -207,7 +219,7 @@ def measure_target(name: str, args, peers: Optional[Path]) -> dict:
                 st_n = []
 
                 def once(m=m, g=g):
-                    r = api_method(g, "stream" if m == "api stream" else "generate", hooks, q, n)
+                    r = api_method(g, HOW.get(m, "generate"), hooks, q, n)
                     st_n.append(r["n"])
                 profile[m] = profile_method(once, n)
     finally:
@@ -239,8 +251,94 @@ def measure_target(name: str, args, peers: Optional[Path]) -> dict:
             "summary": summary, "profile": profile}
 
 
+def measure_engine(name: str, n_slots: int, args, peers: Optional[Path]) -> dict:
+    """N slots decoding plainly on the batching engine (decode phase only: the prompts are
+    prefilled by a first turn, the timed turn reuses them), next to llama-batched-bench."""
+    import threading
+    from moa_cpp import SpeculativeGenerator
+    from moa_cpp.server.sessions import batched_slots
+    from moa_cpp.server.settings import ServerSettings
+    model = model_path(name)
+    T, n = args.threads, args.max_tokens
+    qs = [q for _, q in zip(range(n_slots), (q for s in SETS for q in eval_prompts(Path(EVAL_DIR), [s], n_slots)))]
+    base, engine = batched_slots(ServerSettings(model=model, parallel=n_slots, n_ctx=1024, threads=T), model)
+    hooks = Hooks()
+    rounds = []
+    try:
+        gens = [SpeculativeGenerator(engine.slot(i)) for i in range(n_slots)]
+        pp = round(sum(len(g.encode(q, chat=True)) for g, q in zip(gens, qs)) / n_slots)
+
+        def turn() -> tuple:
+            res: list = [None] * n_slots
+
+            def slot(i):
+                engine.enter(i)
+                try:
+                    res[i] = gens[i].generate(qs[i], chat=True, max_tokens=n, ignore_eos=True)
+                finally:
+                    engine.leave(i)
+            th = [threading.Thread(target=slot, args=(i,)) for i in range(n_slots)]
+            hooks.reset()
+            t0 = time.perf_counter()
+            for x in th:
+                x.start()
+            for x in th:
+                x.join()
+            wall = time.perf_counter() - t0
+            return wall, res
+        turn()                                            # prefill (and warm-up)
+        for _ in range(max(1, args.engine_rounds)):
+            wall, res = turn()                            # the prompts' cells reused: decoding only
+            toks = sum(r.stats.n_generated for r in res)
+            calls = hooks.calls["decode"]
+            rounds.append({"wall": wall, "tokens": toks, "tok_s": toks / wall, "decode_calls": len(calls),
+                           "t_decode": sum(d for _, d in calls), "cached": [r.stats.n_cached for r in res]})
+    finally:
+        hooks.close()
+        base.close()
+    peer = None
+    cmd = None
+    if peers is not None:
+        cmd = [str(peers / "llama-batched-bench"), "-m", model, "-c", str(n_slots * (pp + n + 8)), "-b", "2048",
+               "-ub", "512", "-npp", str(pp), "-ntg", str(n), "-npl", str(n_slots), "-t", str(T), "-fa", "1",
+               "--output-format", "jsonl"]
+        peer = []
+        for _ in range(max(1, args.engine_rounds)):
+            _, out, _ = run_proc(cmd, args.timeout)
+            r = [json.loads(x) for x in out.splitlines() if x.startswith("{")][-1]
+            peer.append(r["speed_tg"])
+    best = max(rounds, key=lambda r: r["tok_s"])
+    sets = best["tokens"] / n_slots
+    doc = {"target": name, "slots": n_slots, "pp": pp, "tg": n, "rounds": rounds, "tok_s": best["tok_s"],
+           "ms_set": 1e3 * best["wall"] / sets, "ms_decode_set": 1e3 * best["t_decode"] / max(best["decode_calls"], 1),
+           "decode_calls_per_set": best["decode_calls"] / sets, "peer_tok_s": max(peer) if peer else None,
+           "peer_cmd": cmd}
+    doc["ms_engine_set"] = doc["ms_set"] - 1e3 * best["t_decode"] / sets
+    print(f"[engine {name} x{n_slots}] ours {doc['tok_s']:.1f} tok/s (best of {len(rounds)}), "
+          f"llama-batched-bench {doc['peer_tok_s'] or 0:.1f}; ms/set {doc['ms_set']:.2f}, "
+          f"in llama_decode {1e3 * best['t_decode'] / sets:.2f}", flush=True)
+    return doc
+
+
+def md_engine(rows: list) -> str:
+    table = [[r["target"], r["slots"], f"{r['tok_s']:.1f}", f"{r['peer_tok_s']:.1f}" if r["peer_tok_s"] else "",
+              f"{r['tok_s'] / r['peer_tok_s']:.3f}" if r["peer_tok_s"] else "", f"{r['ms_set']:.2f}",
+              f"{r['ms_set'] - r['ms_engine_set']:.2f}", f"**{r['ms_engine_set']:.2f}**",
+              f"{r['decode_calls_per_set']:.2f}"] for r in rows]
+    cmd = next((r["peer_cmd"] for r in rows if r["peer_cmd"]), None)
+    return ("## The batching engine (no server): N slots decoding plainly\n\n"
+            "Decode phase only (a first turn prefills; the timed turns reuse the prompts' cells), greedy, "
+            "`ignore_eos`, best of the rounds each side. A set = one token for every slot. "
+            "Engine's own = ms per set outside `llama_decode`.\n\n" +
+            md_table(["target", "slots", "ours tok/s", "llama-batched-bench S_TG", "ratio", "ms per set",
+                      "in llama_decode", "engine's own", "llama_decode calls per set"], table) +
+            (f"\nllama-batched-bench: `{shlex.join(cmd)}`\n" if cmd else "\n"))
+
+
 def md(doc: dict) -> str:
     out = []
+    if doc.get("engine"):
+        out.append(md_engine(doc["engine"]))
     for t in doc["targets"]:
         s = t["summary"]
         base = s.get("llama-bench", {}).get("ms_token")
@@ -293,6 +391,23 @@ def plot(doc: dict):
     return draw
 
 
+def plot_engine(rows: list):
+    def draw(plt):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        labels = [f"{r['target']} x{r['slots']}" for r in rows]
+        x = range(len(rows))
+        ax.bar([i - 0.2 for i in x], [r["tok_s"] for r in rows], 0.4, label="moa-cpp engine (plain)")
+        ax.bar([i + 0.2 for i in x], [r["peer_tok_s"] or 0 for r in rows], 0.4, label="llama-batched-bench S_TG")
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels)
+        ax.set_yscale("log")
+        ax.set_ylabel("tok/s (decode phase, all slots)")
+        ax.legend()
+        fig.tight_layout()
+        return fig
+    return draw
+
+
 def main(argv=None) -> int:
     ap = base_parser(__doc__)
     ap.add_argument("--targets", nargs="+", default=["proxy", "smollm2"], help="proxy, smollm2 or GGUF paths")
@@ -302,6 +417,10 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="one cProfile pass per in-process method")
     ap.add_argument("--quick", action="store_true", help="smoke: 1 prompt per set, 16 tokens")
     ap.add_argument("--no-llama-bench", action="store_true", help="leave the llama-bench column out (no peers build)")
+    ap.add_argument("--engine", type=int, nargs="*", default=[], metavar="N",
+                    help="also the batching engine with N slots (no server) against llama-batched-bench")
+    ap.add_argument("--engine-only", action="store_true", help="only the --engine measurement")
+    ap.add_argument("--engine-rounds", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=600)
     ap.add_argument("--name", default="loop_cost")
     ap.add_argument("--results-dir", default=None)
@@ -310,8 +429,12 @@ def main(argv=None) -> int:
     if args.quick:
         args.prompts, args.max_tokens = 1, 16
     peers = None if args.no_llama_bench else peers_dir()      # builds the peers once (bench/peers/build.sh)
-    doc = {"run": run_info(args.threads), "targets": [measure_target(t, args, peers) for t in args.targets]}
-    write_results(args.name, doc, md(doc), plot(doc), out_dir=args.results_dir)
+    doc = {"run": run_info(args.threads), "engine": [], "targets": []}
+    for t in args.targets:
+        doc["engine"] += [measure_engine(t, k, args, peers) for k in args.engine]
+    if not args.engine_only:
+        doc["targets"] = [measure_target(t, args, peers) for t in args.targets]
+    write_results(args.name, doc, md(doc), plot(doc) if doc["targets"] else plot_engine(doc["engine"]), out_dir=args.results_dir)
     print(md(doc))
     return 0
 
