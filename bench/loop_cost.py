@@ -295,7 +295,9 @@ def measure_engine(name: str, n_slots: int, args, peers: Optional[Path]) -> dict
                            "t_decode": sum(d for _, d in calls), "cached": [r.stats.n_cached for r in res]})
     finally:
         hooks.close()
-        base.close()
+        # the engine's decode thread ends here, and its OpenMP pool with it: a pool left behind
+        # would throttle every later engine's barriers (moa_cpp/omp_pool.py)
+        engine.close()                  # (and the target)
     peer = None
     cmd = None
     if peers is not None:

@@ -230,10 +230,13 @@ def test_ngram_slots_look_up_on_the_decode_thread_and_answer_as_plain_decoding(t
     looks up each next cycle (loop._Lookahead), and hand the first drafts found back to the
     slot's thread: the answers (greedy, seeded sampling) equal plain decoding's, drafts were found by runs and verified, twice (the second
     turn on the caches the first left)."""
-    from moa_cpp import SpeculativeGenerator
+    from moa_cpp import SpeculativeGenerator, target_slots
     from moa_cpp.speculative import loop
     from moa_cpp.target_slots import SlotTarget
     ref, engine = targets
+    # the slot threads woken after every token: a run's tokens are taken in many steps while it
+    # still decodes and looks up (the server's case), not all at its end
+    monkeypatch.setattr(target_slots, "WAKE_S", 0.0)
     prompts = ["Count from 1 to 20, separated by commas.",
                "Write a Python function that adds two numbers, then the same function again with a docstring.",
                "List the days of the week, then list them again in reverse order."]
@@ -250,6 +253,15 @@ def test_ngram_slots_look_up_on_the_decode_thread_and_answer_as_plain_decoding(t
             found.append(pos)
         return hit
     monkeypatch.setattr(loop._Lookahead, "__call__", counted)
+    # while a run lives, only the decode thread may look up: a lookup from the slot's thread
+    # then races the run's (the proposer's text out of step)
+    real_propose, overlaps = loop.SpeculativeLoop._propose, []
+
+    def propose(self, g, cfg, at=None):
+        if at is None and g.run is not None:
+            overlaps.append(g.n)
+        return real_propose(self, g, cfg, at)
+    monkeypatch.setattr(loop.SpeculativeLoop, "_propose", propose)
     runs = []
     real = SlotTarget.plain_run
     monkeypatch.setattr(SlotTarget, "plain_run",
@@ -281,6 +293,7 @@ def test_ngram_slots_look_up_on_the_decode_thread_and_answer_as_plain_decoding(t
             first = got
     assert runs and all(p for _, p in runs), f"every plain run of an n-gram slot looked ahead: {runs}"
     assert found and len(probed) > len(found), "runs looked up cycles, and some found drafts to hand back"
+    assert not overlaps, f"the slot's thread looked up drafts while its run lived (at {overlaps[:5]})"
     # the lookups are the slot thread's own: without runs, the same drafts, acceptance and steps
     monkeypatch.setattr(loop.SpeculativeLoop, "_lookahead_runs", lambda self, g: False)
     for i in range(3):

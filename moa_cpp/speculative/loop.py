@@ -287,6 +287,10 @@ class SpeculativeLoop:
 
     def step(self, g: Generation) -> StepResult:
         """One cycle: propose -> score -> verify -> commit. Call until ``result.finished``."""
+        if g.run is not None:
+            # a batched slot's plain run still decodes (and looks up drafts) on the engine's
+            # thread: take what it chose; nothing else may touch the slot or the proposer meanwhile
+            return self._run_step(g)
         room = self.target.n_ctx - g.n - 1      # KV cells left for drafts after the root
         if room < 0:
             return self._finish(g, "length")
