@@ -27,7 +27,7 @@ def proxy_target(n_layer: int = PROXY_SHAPE["n_layer"], n_embd: int = PROXY_SHAP
                  n_head_kv: int = PROXY_SHAPE["n_head_kv"], qtype: str = "q8_0", seed: int = 0,
                  std: float = 0.2) -> Path:
     """Path of the proxy GGUF of this shape (made on first use, atomically)."""
-    from moa_cpp.models import cache_dir, requantize, smollm2_path
+    from moa_cpp.models.registry import cache_dir, requantize, smollm2_path
     out = cache_dir() / "bench" / f"proxy-l{n_layer}-e{n_embd}-f{n_ff}-h{n_head}-{n_head_kv}-s{seed}-std{std:g}-{qtype}.gguf"
     if out.is_file():
         return out

@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from server_proc import ServerProc  # noqa: E402
+from moa_cpp.testing.server_proc import ServerProc  # noqa: E402
 
 MSGS = [{"role": "user", "content": "Name two colors."}]
 WEATHER = {"type": "function", "function": {
@@ -106,7 +105,7 @@ def captured(examples, *serve_args: str) -> list:
 
 
 def main() -> int:
-    from moa_cpp import models
+    from moa_cpp.models import registry as models
     parts = ["# `moa-cpp serve`: request/response examples\n\nCaptured by `python bench/api_examples.py` from "
              "real servers on 127.0.0.1 (greedy; `id`/`created` left out, long answers cut with `...`).\n",
              "## SmolLM2-135M-Instruct with its MoA drafter\n\n`moa-cpp serve --metrics --cors-origins "

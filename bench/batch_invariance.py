@@ -18,8 +18,8 @@ def main() -> int:
     ap.add_argument("-m", "--model", default=None)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    from moa_cpp import defaults
-    from moa_cpp.target import Target
+    from moa_cpp.models import defaults
+    from moa_cpp.target.target import Target
     t = Target.from_path(args.model or defaults.default_target(), n_ctx=1024, n_threads=args.threads)
     ids = t.tokenize("The quick brown fox jumps over the lazy dog. " * 30, add_bos=True).tolist()[:300]
 

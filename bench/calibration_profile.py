@@ -25,9 +25,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
-    from moa_cpp import defaults
+    from moa_cpp.models import defaults
     from moa_cpp.speculative.policy import calibrate_verify_cost
-    from moa_cpp.target import Target
+    from moa_cpp.target.target import Target
 
     t = Target.from_path(args.model or str(defaults.default_target()), n_threads=args.threads)
     decode, stats = t.decode, {}

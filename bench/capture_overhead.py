@@ -29,8 +29,8 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
-from moa_cpp import models
-from moa_cpp.target import Target
+from moa_cpp.models import registry as models
+from moa_cpp.target.target import Target
 from _common import git_commit  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 PREFIX = ("In a quiet village by the sea, the fishermen rose before dawn to prepare their boats, "

@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
-from server_proc import ServerProc  # noqa: E402
+from moa_cpp.testing.server_proc import ServerProc  # noqa: E402
 
 
 def main() -> None:

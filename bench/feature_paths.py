@@ -28,7 +28,7 @@ from _common import base_parser, md_table, run_info, write_results  # noqa: E402
 
 
 def target_path(name: str) -> str:
-    from moa_cpp import models
+    from moa_cpp.models import registry as models
     from spec_types import model_path
     if name == "smollm2-q8_0":
         return str(models.smollm2_q8_0_path())
@@ -53,7 +53,7 @@ def samples(tgt, n: int, max_len: int, skip: int) -> list:
 
 
 def llama_pass(path: str, seqs: list, threads: int) -> tuple:
-    from moa_cpp.target import Target
+    from moa_cpp.target.target import Target
     t = Target.from_path(path, n_ctx=max(len(s) for s in seqs) + 8, n_threads=threads)
     t.decode(seqs[0][:16], capture=True)                     # warm
     t.clear()
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default="feature_paths")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
-    from moa_cpp.target import Target
+    from moa_cpp.target.target import Target
     threads = args.threads
     rows, info = [], run_info(threads)
     for name in args.targets:

@@ -26,7 +26,7 @@ OS cache, so no method pays the disk read).
 Models (``--models``): ``smollm2`` (SmolLM2-135M-Instruct Q4_1 + the shipped MoA drafter),
 ``smollm2-q8_0`` (the same requantized to Q8_0, cached; shipped drafter), ``gemma3``
 (Gemma-3-270M Q4_K_M: there is no trained MoA drafter for it, so it runs ``plain`` and ``auto``
-with a *random* drafter made by ``moa_cpp.random_drafter.make_random_drafter`` into a temp dir —
+with a *random* drafter made by ``moa_cpp.testing.random_drafter.make_random_drafter`` into a temp dir —
 that row shows what the cost-aware default costs when the drafter is useless: it should give
 up drafting and approach plain decoding). Any other value is a GGUF path (``plain`` only, unless
 ``--drafter`` is given).
@@ -107,8 +107,8 @@ def child(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- parent
 
 def resolve_models(names: list, drafter_arg, tmp: Path) -> list[dict]:
-    from moa_cpp import defaults, models
-    from moa_cpp.random_drafter import make_random_drafter
+    from moa_cpp.models import defaults, registry as models
+    from moa_cpp.testing.random_drafter import make_random_drafter
     out = []
     for name in names:
         if name in ("smollm2", "smollm2-q8_0"):
@@ -131,7 +131,7 @@ def resolve_models(names: list, drafter_arg, tmp: Path) -> list[dict]:
 
 
 def prompt_ids(path: str, prompt: str) -> list:
-    from moa_cpp.target import Target
+    from moa_cpp.target.target import Target
     with Target.from_path(path, n_ctx=256, n_threads=1, n_batch=64, install_callback=False) as t:
         text = t.apply_chat_template([{"role": "user", "content": prompt}])
         return t.tokenize(text, add_bos=False, special=True).tolist()

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 
-from moa_cpp import models
-from moa_cpp.defaults import DEFAULT_DRAFTER
+from moa_cpp.models import registry as models
+from moa_cpp.models.defaults import DEFAULT_DRAFTER
 from moa_cpp.remote.gguf_info import gguf_info
 
 

@@ -22,6 +22,6 @@ echo "llama-cpp-python built in $(( $(date +%s) - t0 )) s"
 cmake -S . -B "$STORE/moa-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DMOA_LLAMA_CPP_DIR="$STORE/site/llama_cpp" -DPython_EXECUTABLE="$(command -v python3)" || finish 13
 cmake --build "$STORE/moa-build" -j "$(nproc)" || finish 14
-PYTHONPATH="$STORE/site" MOA_CPP_LIB="$STORE/moa-build/libmoa.so" python3 -m moa_cpp.devices || finish 15
+PYTHONPATH="$STORE/site" MOA_CPP_LIB="$STORE/moa-build/libmoa.so" python3 -m moa_cpp.target.devices || finish 15
 echo "all built in $(( $(date +%s) - t0 )) s"
 finish 0

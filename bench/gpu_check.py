@@ -53,7 +53,7 @@ def load_prompts(path: Path, per_set: int) -> list[tuple[str, str]]:
 
 
 def parity(fixture: Path, device: str, ngl: int, threads: int) -> dict:
-    from moa_cpp.parity import check_parity
+    from moa_cpp.drafter.parity import check_parity
     t0 = time.perf_counter()
     rep = check_parity(fixture, report_quantized=False, n_threads=threads, device=device, n_gpu_layers=ngl)
     max_rel, ok, n = rep.gated_summary()
@@ -70,7 +70,7 @@ def chat_ids(target, text: str, max_prompt: int) -> list:
 
 def batch_noise(target, sizes=(2, 4, 8, 16)) -> dict:
     """Max |batch row - single decode| per batch size (zeros: bit-identical), token windows 0..2."""
-    from moa_cpp.exactness import batch_row_diffs
+    from moa_cpp.target.exactness import batch_row_diffs
     return {b: max(float(batch_row_diffs(target, b, window=w).max()) for w in range(3)) for b in sizes}
 
 
@@ -210,10 +210,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU only, tiny workload (CI)")
     args = ap.parse_args(argv)
 
-    from moa_cpp import defaults, models
-    from moa_cpp.devices import list_devices, local_gpus
-    from moa_cpp.drafter import DrafterModel, DrafterState
-    from moa_cpp.target import Target
+    from moa_cpp.models import defaults, registry as models
+    from moa_cpp.target.devices import list_devices, local_gpus
+    from moa_cpp.drafter.drafter import DrafterModel, DrafterState
+    from moa_cpp.target.target import Target
     api = spec_api()
     t_all = time.perf_counter()
     out = Path(args.out)
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"no GPU in this build (devices: {', '.join(list_devices())}); --dry-run for the CPU")
     dev, ngl = ("cpu", 0) if args.dry_run else (gpus[0], -1)
     # dry run: the cores this process may use (a test worker pinned to one core gets 1)
-    from moa_cpp.target_setup import default_threads
+    from moa_cpp.target.setup import default_threads
     threads = args.threads or (default_threads() if args.dry_run else 8)
     if args.dry_run:
         args.per_set, args.max_tokens = 1, 16

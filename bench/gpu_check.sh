@@ -7,7 +7,7 @@
 #     bash bench/gpu_check.sh        carry [".gpu/s2"]   ...
 #     bash bench/gpu_check.sh        carry [".gpu/sN"]   last part: waits for the build, runs bench/gpu_check.py,
 #                                                        writes $OUT/gpu_check.{json,md} + logs
-# Dry run (CPU, CI: tests/test_gpu_check.py): MOA_GPU_DRY_RUN=1 bash bench/gpu_check.sh OUTDIR
+# Dry run (CPU, CI: tests/train/test_gpu_check.py): MOA_GPU_DRY_RUN=1 bash bench/gpu_check.sh OUTDIR
 #
 # The build (bench/gpu_build.sh): the carried wheels (cffi, pycparser, gguf, diskcache) into a --target
 # site, llama-cpp-python 0.3.36 from the trimmed source with GGML_CUDA=ON GGML_RPC=ON for the GPU's

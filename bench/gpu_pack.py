@@ -220,7 +220,7 @@ def main(argv=None) -> int:
         model = Path(args.model)
     else:
         sys.path.insert(0, str(REPO))
-        from moa_cpp import models
+        from moa_cpp.models import registry as models
         model = Path(models.smollm2_path())
     files = [("llama-src.tar.gz", trimmed), ("fixture.tar", fx), ("eval_prompts.json", prompts),
              (model.name, model)] + [(f"wheels/{w.name}", w) for w in sorted(whl.glob("*.whl"))]

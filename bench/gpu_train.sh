@@ -2,10 +2,10 @@
 # GPU training recipe (issue 12): on one CUDA GPU, a SmolLM2 drafter from ShareGPT in minutes.
 #
 #   bash bench/gpu_train.sh [OUT]                          one CUDA GPU (default OUT: out/gpu)
-#   MOA_GPU_DRY_RUN=1 bash bench/gpu_train.sh OUT          tiny CPU dry run (CI: tests/test_gpu_recipe.py)
+#   MOA_GPU_DRY_RUN=1 bash bench/gpu_train.sh OUT          tiny CPU dry run (CI: tests/train/test_gpu_recipe.py)
 #
 # What it does, in order:
-#   1. tests/test_train.py::test_cuda_training_matches_cpu (skipped without CUDA) and the online-feature
+#   1. tests/train/test_train.py::test_cuda_training_matches_cpu (skipped without CUDA) and the online-feature
 #      check: the same 12 steps on the GPU and the CPU must agree before any GPU number counts;
 #   2. SmolLM2-135M drafter, continuing the shipped one (issue 22: SMOLLM2_INIT, default the embedded
 #      drafter, its sizes and draft vocabulary; SMOLLM2_INIT=none starts from scratch with an 8,192-token
@@ -38,7 +38,7 @@ fi
 
 t0=$(date +%s)
 echo "== 1. CUDA vs CPU training check"
-"$PY" -m pytest -q -p no:cacheprovider "${CHECK[@]}" tests/test_train.py \
+"$PY" -m pytest -q -p no:cacheprovider "${CHECK[@]}" tests/train/test_train.py \
     -k "test_cuda_training_matches_cpu or test_online_features_train_as_cached" 2>&1 | tee "$OUT/check.log" | tail -3
 check_rc=${PIPESTATUS[0]}
 [ "$check_rc" = 0 ] || { echo "training check failed (see $OUT/check.log)" >&2; exit 1; }
@@ -47,7 +47,7 @@ echo "== 2. SmolLM2-135M drafter ($DEV)"
 t1=$(date +%s)
 SMOLLM2_INIT=${SMOLLM2_INIT:-moa_cpp/data/moa-smollm2-135m-instruct.gguf}
 if [ "$SMOLLM2_INIT" = none ]; then START=(--draft-vocab "$VOCAB"); else START=(--init-from "$SMOLLM2_INIT"); fi
-"$PY" -m moa_cpp.cli train --target smollm2 --out "$OUT/smollm2" --n-samples 0 --fixed-answers "$FIXED" \
+"$PY" -m moa_cpp.cli.main train --target smollm2 --out "$OUT/smollm2" --n-samples 0 --fixed-answers "$FIXED" \
     --sharegpt-turns all --features online --device "$DEV" "${BUDGET[@]}" --batch-tokens "$BATCH" \
     "${START[@]}" --eval-every "$EVAL" --outtype q8_0 2>&1 \
     | tr '\r' '\n' | grep -v "it/s\]$\|step/s\]$\|pair/s\]$" > "$OUT/smollm2.log"
@@ -67,7 +67,7 @@ QWEN_FIXED=$FIXED QWEN_BUDGET=("${BUDGET[@]}") QWEN_BATCH=$BATCH QWEN_LEN=()
 # dry run: one short step (the 0.5B stand-in's F32 forward on 1,024 tokens takes ~15 s on 2 cores)
 [ "$DRY" = 1 ] && QWEN_FIXED=8 QWEN_BUDGET=(--steps 1) QWEN_BATCH=256 QWEN_LEN=(--max-new-tokens 48)
 if [ -n "$QWEN_TARGET" ] && [ -f "$QWEN_TARGET" ]; then
-    "$PY" -m moa_cpp.cli train --target "$QWEN_TARGET" --out "$OUT/qwen" --n-samples 0 --fixed-answers "$QWEN_FIXED" \
+    "$PY" -m moa_cpp.cli.main train --target "$QWEN_TARGET" --out "$OUT/qwen" --n-samples 0 --fixed-answers "$QWEN_FIXED" \
         --code-share 0.5 --sharegpt-turns all --features online --device "$DEV" "${QWEN_BUDGET[@]}" "${QWEN_LEN[@]}" \
         --batch-tokens "$QWEN_BATCH" \
         $([ -n "${QWEN_INIT:-}" ] && echo "--init-from $QWEN_INIT" || echo "--draft-vocab $VOCAB") \

@@ -34,6 +34,7 @@ from moa_cpp.train.target_torch import TorchTarget  # noqa: E402
 from moa_cpp.train.devices import resolve_bf16  # noqa: E402
 from moa_cpp.train.evaluate import eval_acceptance  # noqa: E402
 from moa_cpp.train.features import compute_features  # noqa: E402
+from moa_cpp.train.paired import bootstrap, scored_indices  # noqa: E402
 
 
 def label(run: str) -> str:
@@ -66,25 +67,6 @@ def load_snapshot(snap: Path, tt: TorchTarget) -> MoaDrafter:
     if tli:
         model.attach_tli(tt, tli)
     return model.eval()
-
-
-def scored_indices(greedy: np.ndarray, keys: list, seen: set) -> list[int]:
-    """The conversations scored: as the trainer's held-out estimate, the greedy self-distilled
-    answers where the set has any (a sampled answer is not the target's greedy text), else every
-    (teacher-forced, ``--fixed-answers``) one; never one whose prompt a compared run trained on."""
-    scored = greedy if greedy.any() else np.ones(len(greedy), dtype=bool)
-    return [i for i in range(len(greedy)) if scored[i] and keys[i] not in seen]
-
-
-def bootstrap(per_run: list[list[tuple[int, int]]], n: int = 2000, seed: int = 0):
-    """Per run: (95 % interval of tau, 95 % interval of tau minus the first run's), conversations
-    resampled with replacement, the same draws for every run (paired)."""
-    acc = np.array([[a for a, _ in per] for per in per_run], dtype=float)      # [runs, conversations]
-    cyc = np.array([[c for _, c in per] for per in per_run], dtype=float)
-    draws = np.random.default_rng(seed).integers(0, acc.shape[1], size=(n, acc.shape[1]))
-    tau = 1.0 + acc[:, draws].sum(-1) / np.maximum(cyc[:, draws].sum(-1), 1)     # [runs, n]
-    q = lambda x: [float(v) for v in np.percentile(x, [2.5, 97.5])]  # noqa: E731
-    return [(q(t), q(t - tau[0])) for t in tau]
 
 
 def write_report(res: dict, out_json: Path) -> None:

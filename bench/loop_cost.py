@@ -69,7 +69,7 @@ class Hooks:
     def __init__(self) -> None:
         import llama_cpp
 
-        import moa_cpp.drafter as drafter_mod
+        import moa_cpp.drafter.drafter as drafter_mod
         self.calls: dict = {"decode": [], "drafter": []}
         self._llama, self._decode = llama_cpp, llama_cpp.llama_decode
         self._drafter_mod, self._lib = drafter_mod, drafter_mod.lib
@@ -158,14 +158,15 @@ def profile_method(fn, n_tok: int, top: int = 12) -> list:
 
 
 def measure_target(name: str, args, peers: Optional[Path]) -> dict:
-    from moa_cpp import SpeculativeGenerator, defaults
-    from moa_cpp.random_drafter import make_random_drafter
+    from moa_cpp import SpeculativeGenerator
+    from moa_cpp.models import defaults
+    from moa_cpp.testing.random_drafter import make_random_drafter
     model = model_path(name)
     T, n = args.threads, args.max_tokens
     if name == "smollm2":
         drafter = str(defaults.default_drafter())
     else:
-        from moa_cpp.models import cache_dir
+        from moa_cpp.models.registry import cache_dir
         drafter = str(cache_dir() / "bench" / f"{Path(model).stem}.random-drafter.gguf")
         if not Path(drafter).is_file():
             make_random_drafter(model, drafter, outtype="q8_0")
@@ -296,7 +297,7 @@ def measure_engine(name: str, n_slots: int, args, peers: Optional[Path]) -> dict
     finally:
         hooks.close()
         # the engine's decode thread ends here, and its OpenMP pool with it: a pool left behind
-        # would throttle every later engine's barriers (moa_cpp/omp_pool.py)
+        # would throttle every later engine's barriers (moa_cpp/target/omp_pool.py)
         engine.close()                  # (and the target)
     peer = None
     cmd = None

@@ -32,7 +32,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     import llama_cpp
-    from moa_cpp.target import Target
+    from moa_cpp.target.target import Target
 
     d = json.loads(Path(a.results).read_text())
     rec = d["records"][a.record]

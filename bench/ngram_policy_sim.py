@@ -89,11 +89,11 @@ def main(argv=None) -> int:
                          "tokens of the texts before it (prompt + answer), as if one index held them all")
     args = ap.parse_args(argv)
 
-    from moa_cpp import calibration_cache
+    from moa_cpp.target import calibration as calibration_cache
     from moa_cpp.speculative.policy import CostAwarePolicy
     from moa_cpp.speculative.proposers.ngram import NgramProposer
     from moa_cpp.speculative.types import DraftConfig
-    from moa_cpp.target import Target
+    from moa_cpp.target.target import Target
 
     tok = Target.from_path(args.model, n_ctx=512, n_threads=1)
     texts = []

@@ -32,8 +32,8 @@ something. Rows (``--rows``, default all that the installed models allow):
   server`` for the memory-bound F16 target (ours then drafts n-grams: no MoA drafter for it).
 - ``ttft`` (SmolLM2 Q4_1 + drafter): bench/prompt_cache.py (multi-turn chats, streaming) with
   ``--llama-server``: ``moa-cpp serve`` vs ``llama-server -np 1`` (prompt caching on in both).
-- ``conformance``: the openai-client cases of our server tests (tests/test_server_extras.py
-  structured output, tests/test_tools.py tools on Qwen2.5-Coder-0.5B) run against ``moa-cpp serve``
+- ``conformance``: the openai-client cases of our server tests (tests/server/test_server_extras.py
+  structured output, tests/server/test_tools.py tools on Qwen2.5-Coder-0.5B) run against ``moa-cpp serve``
   and ``llama-server`` on the same GGUF: per case what each returns, whether each meets the
   test's checks (other than equality with our Python API), and whether the two agree. No asserts.
 
@@ -88,7 +88,7 @@ def peers_dir() -> Path:
 
 def moa_exe() -> list:
     py = Path(sys.executable)
-    return [str(py.with_name("moa-cpp"))] if py.with_name("moa-cpp").is_file() else [str(py), "-m", "moa_cpp.cli"]
+    return [str(py.with_name("moa-cpp"))] if py.with_name("moa-cpp").is_file() else [str(py), "-m", "moa_cpp.cli.main"]
 
 
 def server_ngram_kinds(server: Path) -> list:
@@ -501,7 +501,7 @@ def row_draft(args, peers: Path) -> Optional[dict]:
 
 
 def row_server(args, peers: Path) -> dict:
-    from moa_cpp import defaults
+    from moa_cpp.models import defaults
     model = model_path(args.model)
     drafter = args.drafter or (str(defaults.default_drafter()) if args.model == "smollm2" else None)
     T, C = args.threads, args.n_ctx
@@ -588,7 +588,7 @@ def row_server(args, peers: Path) -> dict:
 
 def row_ttft(args, peers: Path) -> dict:
     import prompt_cache
-    from moa_cpp import defaults
+    from moa_cpp.models import defaults
     model = model_path(args.model)
     name = f"{args.name}-ttft"
     argv = ["-m", model, "--chats", str(args.chats), "--turns", str(args.turns), "--max-tokens", str(args.ttft_tokens),
@@ -641,7 +641,7 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "populati
 
 
 def _structured_cases() -> list:
-    """tests/test_server_extras.py::test_structured_output, case by case: (name, fn(client) ->
+    """tests/server/test_server_extras.py::test_structured_output, case by case: (name, fn(client) ->
     (meets the test's checks, value compared across servers, detail))."""
     msgs = [{"role": "user", "content": "Describe Paris as JSON."}]
 
@@ -681,7 +681,7 @@ def _structured_cases() -> list:
 
 
 def _tools_cases() -> list:
-    """tests/test_tools.py::test_server_tools, case by case (Qwen2.5-Coder-0.5B)."""
+    """tests/server/test_tools.py::test_server_tools, case by case (Qwen2.5-Coder-0.5B)."""
     import openai
 
     def forced(client):
@@ -734,10 +734,10 @@ def _tools_cases() -> list:
 
 def row_conformance(args, peers: Path) -> dict:
     import openai
-    from moa_cpp import models
-    groups = [("smollm2", model_path(args.model), _structured_cases(), "tests/test_server_extras.py::test_structured_output")]
+    from moa_cpp.models import registry as models
+    groups = [("smollm2", model_path(args.model), _structured_cases(), "tests/server/test_server_extras.py::test_structured_output")]
     try:
-        groups.append(("qwen-0.5b", str(models.qwen25_coder_05b_path()), _tools_cases(), "tests/test_tools.py::test_server_tools"))
+        groups.append(("qwen-0.5b", str(models.qwen25_coder_05b_path()), _tools_cases(), "tests/server/test_tools.py::test_server_tools"))
     except Exception as e:                          # noqa: BLE001
         print(f"[conformance] tools cases skipped (Qwen2.5-Coder-0.5B: {e})", flush=True)
     results, commands = [], {}
@@ -776,9 +776,9 @@ def row_conformance(args, peers: Path) -> dict:
              _cell(r["moa-cpp serve"]["value"]), _cell(r["llama-server"]["value"])] for r in results]
     table = md_table(["case (openai client)", "model", "moa-cpp serve", "llama-server", "same output", "ours",
                       "llama-server's"], rows)
-    md = ("The openai-client cases of tests/test_server_extras.py (structured output) and tests/test_tools.py "
+    md = ("The openai-client cases of tests/server/test_server_extras.py (structured output) and tests/server/test_tools.py "
           "(tools), greedy, against both servers on the same GGUF; `pass` = the test's checks other than equality "
-          "with our Python API. Not run: tests/test_chat_page.py's case (our `moa` request field and stats).\n\n"
+          "with our Python API. Not run: tests/server/test_chat_page.py's case (our `moa` request field and stats).\n\n"
           "Commands:\n\n" + "".join(f"- {k}: `{shlex.join(v)}`\n" for k, v in commands.items()) + "\n" + table + "\n")
     cmp = [("conformance", f"openai-client cases passing (of {len(results)})", "moa-cpp serve", "llama-server",
             sum(r["moa-cpp serve"]["ok"] for r in results), sum(r["llama-server"]["ok"] for r in results),

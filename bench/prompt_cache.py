@@ -69,7 +69,7 @@ def start(name: str, model: str, drafter, args) -> Proc:
                "--n_ctx", str(args.n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads),
                "--verbose", "false", "--flash_attn", "true"]
     else:
-        cmd = [sys.executable, "-m", "moa_cpp.cli", "serve", "--port", str(port), "-m", model, "--n-ctx",
+        cmd = [sys.executable, "-m", "moa_cpp.cli.main", "serve", "--port", str(port), "-m", model, "--n-ctx",
                str(args.n_ctx), "-t", str(threads), *(["-d", drafter] if drafter else [])]
     env = cwd = None
     if name == LANDED:
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     if LANDED in servers and not args.baseline:
         ap.error("--servers moa-landed needs --baseline DIR")
 
-    from moa_cpp import defaults, models
+    from moa_cpp.models import defaults, registry as models
     model = args.model or str(models.smollm2_path())
     drafter = args.drafter or (defaults.default_drafter() if args.model is None else None)
     prompts = eval_prompts(Path(EVAL_DIR), SETS, -(-args.chats * args.turns // len(SETS)))

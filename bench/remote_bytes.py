@@ -36,7 +36,7 @@ def _free_port() -> int:
 
 def start_server(model: str, drafter: str) -> tuple:
     port = _free_port()
-    cmd = [sys.executable, "-m", "moa_cpp.cli", "serve", "--port", str(port), "-m", model, "-d", drafter,
+    cmd = [sys.executable, "-m", "moa_cpp.cli.main", "serve", "--port", str(port), "-m", model, "-d", drafter,
            "--draft", "chain:4"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
     line = proc.stdout.readline()
@@ -56,7 +56,8 @@ def main(argv=None) -> int:
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
 
-    from moa_cpp import SpeculativeGenerator, defaults
+    from moa_cpp import SpeculativeGenerator
+    from moa_cpp.models import defaults
     from moa_cpp.remote.client import RemoteGenerator
     model = args.model or defaults.default_target()
     drafter = args.drafter or defaults.default_drafter()

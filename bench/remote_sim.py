@@ -371,7 +371,7 @@ def main(argv=None) -> int:
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
 
-    from moa_cpp import defaults
+    from moa_cpp.models import defaults
     from urllib.parse import urlparse
     model = args.model or defaults.default_target()
     drafter = args.drafter or defaults.default_drafter()

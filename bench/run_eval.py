@@ -132,10 +132,10 @@ def main(argv=None) -> int:
 
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    from moa_cpp import defaults, models
-    from moa_cpp.drafter import DrafterModel, DrafterState
+    from moa_cpp.models import defaults, registry as models
+    from moa_cpp.drafter.drafter import DrafterModel, DrafterState
     from moa_cpp.generator import SpeculativeGenerator, parse_draft
-    from moa_cpp.target import Target
+    from moa_cpp.target.target import Target
     api = spec_api()
     SpeculativeLoop, OracleProposer, MoAProposer = api.SpeculativeLoop, api.OracleProposer, api.MoAProposer
     DraftConfig, SamplingParams = api.DraftConfig, api.SamplingParams

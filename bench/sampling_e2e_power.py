@@ -1,4 +1,4 @@
-"""Power of tests/test_sampling_e2e.py's chi-square law check: how often it rejects laws that
+"""Power of tests/speculative/test_sampling_e2e.py's chi-square law check: how often it rejects laws that
 are off by a given total variation (TV), for the test's N and a larger one. Multinomial draws
 from perturbed copies of the enumerated target law (no generation), 300 repetitions each.
 
@@ -10,7 +10,6 @@ prefix's mass from its most likely fourth token to its second.
 """
 import sys, numpy as np
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
 import test_sampling_e2e as T
 fx = REPO.parent / "shared" / "fixtures" / "moa-ref-tiny"
 prompt = np.load(fx / "golden.npz")["prompt_ids"].tolist()[:6]

@@ -152,7 +152,7 @@ def start_servers(out: dict, names: list, model: str, drafter, args) -> None:
                    "--port", str(port), "--n_ctx", str(args.n_ctx), "--n_threads", str(threads),
                    "--n_threads_batch", str(threads), "--verbose", "false", *shlex.split(args.llama_args)]
         else:
-            cmd = [sys.executable, "-m", "moa_cpp.cli", "serve", "--port", str(port), "-m", model, "--n-ctx",
+            cmd = [sys.executable, "-m", "moa_cpp.cli.main", "serve", "--port", str(port), "-m", model, "--n-ctx",
                    str(args.n_ctx), *(["-d", drafter] if drafter else []), *moa_flags(n)]
         t0 = time.perf_counter()
         out[n] = Proc(n, cmd, port)
@@ -277,7 +277,7 @@ def main(argv=None) -> int:
     ap.add_argument("--results-dir", default=None, help="default bench/results/<machine-label>/")
     args = ap.parse_args(argv)
 
-    from moa_cpp import defaults, models
+    from moa_cpp.models import defaults, registry as models
     model = args.model or str(models.smollm2_path())
     drafter = args.drafter or (defaults.default_drafter() if args.model is None else None)
     prompts = eval_prompts(Path(args.data), args.sets, args.prompts)

@@ -58,7 +58,7 @@ SPLIT = ("t_prefill", "t_target", "t_drafter", "t_capture", "t_overhead")
 
 def model_path(name: str) -> str:
     """A GGUF path, or one of the named models (made on first use, cached)."""
-    from moa_cpp import models
+    from moa_cpp.models import registry as models
     if name == "smollm2":
         return str(models.smollm2_path())
     if name == "proxy":                       # the ~1 ms GPU-speed proxy (bench/_proxy.py)
@@ -79,7 +79,7 @@ def model_path(name: str) -> str:
 
 def commands(model: str, drafter, draft_model, spec_types: list, n: int, threads: int, n_ctx: int) -> dict:
     py = Path(sys.executable)
-    exe = [str(py.with_name("moa-cpp"))] if py.with_name("moa-cpp").is_file() else [str(py), "-m", "moa_cpp.cli"]
+    exe = [str(py.with_name("moa-cpp"))] if py.with_name("moa-cpp").is_file() else [str(py), "-m", "moa_cpp.cli.main"]
     base = exe + ["generate", "--json", "-m", model, "-n", str(n), "-t", str(threads), "-c", str(n_ctx)]
     out = {BASE: base + ["--no-draft"]}
     for st in spec_types:
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default="spec-types")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
-    from moa_cpp import defaults
+    from moa_cpp.models import defaults
     args.threads = args.threads or usable_cores()
     model = model_path(args.model) if args.model else str(defaults.default_target())
     if args.drafter is None and args.model is None:

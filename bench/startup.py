@@ -57,11 +57,11 @@ print(out["choices"][0]["message"]["content"])
 STOP36_SCRIPT = """
 import sys
 import gguf
-import moa_cpp._native as n
-from moa_cpp.defaults import DEFAULT_DRAFTER
+import moa_cpp.drafter.native as n
+from moa_cpp.models.defaults import DEFAULT_DRAFTER
 n.FFI().cdef(n._cdef_source(n._header_path().read_text()))
 gguf.GGUFReader(str(DEFAULT_DRAFTER)).fields.get("moa.eval.acceptance")
-from moa_cpp.cli import main
+from moa_cpp.cli.main import main
 sys.argv = ["moa-cpp"] + sys.argv[1:]
 sys.exit(main())
 """
@@ -70,7 +70,7 @@ sys.exit(main())
 def commands(model: str, prompt: str, n: int, threads: int) -> dict:
     py = sys.executable
     args = ["generate", "--chat", "-p", prompt, "-n", str(n), "-t", str(threads)]
-    moa = [py, "-m", "moa_cpp.cli"] + args
+    moa = [py, "-m", "moa_cpp.cli.main"] + args
     moa_bin = Path(py).with_name("moa-cpp")
     if moa_bin.is_file():                        # the console script a user runs
         moa = [str(moa_bin)] + args
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default="startup")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
-    from moa_cpp import defaults
+    from moa_cpp.models import defaults
     model = args.model or str(defaults.default_target())
     threads = args.threads or usable_cores()
     cmds = {k: v for k, v in commands(model, args.prompt, args.max_tokens, threads).items() if k in args.methods}

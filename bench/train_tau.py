@@ -7,7 +7,7 @@ import argparse
 import json
 
 from moa_cpp.generator import SpeculativeGenerator
-from moa_cpp.models import smollm2_path
+from moa_cpp.models.registry import smollm2_path
 
 PROMPTS = [
     "Explain how a refrigerator keeps food cold.",

@@ -51,7 +51,7 @@ if [ "${1:-}" = recipe ] || [ "${1:-}" = full ]; then
     done
     .venv/bin/python bench/heldout_tau.py --heldout out/heldout/data "${RUNS[@]}" --out bench/results/${REPORT:-issue12-$MODE}.json
     [ $MODE = full ] || exit 0
-    Q8=$(.venv/bin/python -c "from moa_cpp.models import smollm2_q8_0_path; print(smollm2_q8_0_path())")
+    Q8=$(.venv/bin/python -c "from moa_cpp.models.registry import smollm2_q8_0_path; print(smollm2_q8_0_path())")
     for name in "${NAMES[@]}"; do
         res=bench/results/issue12-full-${name//+/-}-q8_0-t2.json
         test -f $res && continue
@@ -93,7 +93,7 @@ run tli0-full
 run tli0-v8192-init --draft-vocab 8192 --init-from-target --sa-ffn 1536 --ca-ffn 1536
 
 # native engine on the evaluation sets (benchmark only): greedy, Q8_0 target, 2 threads
-Q8=$(.venv/bin/python -c "from moa_cpp.models import smollm2_q8_0_path; print(smollm2_q8_0_path())")
+Q8=$(.venv/bin/python -c "from moa_cpp.models.registry import smollm2_q8_0_path; print(smollm2_q8_0_path())")
 for name in tli0-v8192 tli1-v8192 tli0-full tli0-v8192-init; do
     .venv/bin/python bench/run_eval.py -m "$Q8" -d out/variants/$name/drafter.gguf --variants ${EVAL:-chain:4 tree:4,4,16} \
         --prompts ${PROMPTS:-10} --max-tokens 64 --threads 2 --out bench/results/issue4-variant-$name.json \

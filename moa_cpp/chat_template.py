@@ -5,7 +5,7 @@ A template is one of three things (:func:`apply_chat_template` tells them apart)
 ``tools`` included, by :func:`render_chat_template`), the name of one of llama.cpp's built-in
 templates (``chatml``, ``llama3``, ...; :func:`render_builtin`), or nothing (GGUFs without one: the
 architecture family's built-in, e.g. some Gemma-3 files). The target
-(:meth:`moa_cpp.target.Target.apply_chat_template`) and the remote client's vocabulary both render
+(:meth:`moa_cpp.target.target.Target.apply_chat_template`) and the remote client's vocabulary both render
 through here, so their prompts agree token for token.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Optional, Sequence
 
 import llama_cpp
 
-from .arch import lookup
-from .errors import MoaError
+from moa_cpp.format.arch import lookup
+from moa_cpp.errors import MoaError
 
 __all__ = ["apply_chat_template", "render_builtin", "render_chat_template"]
 

@@ -12,7 +12,7 @@ Example::
     for piece in gen.stream("Once upon a time", max_tokens=32):
         print(piece, end="", flush=True)
 
-Its parts: :mod:`moa_cpp.draft_setting` (draft shapes), :mod:`moa_cpp.streaming` (pieces as they
+Its parts: :mod:`moa_cpp.speculative.draft_setting` (draft shapes), :mod:`moa_cpp.streaming` (pieces as they
 are verified, results), :mod:`moa_cpp.llama_compat` (llama-cpp-python's argument and response
 shapes for ``create_completion`` / ``create_chat_completion``).
 """
@@ -24,17 +24,17 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
-from .draft_setting import parse_draft
-from .drafter import DrafterModel
-from .llama_compat import (CHAT_NOOP, NOOP, chat_chunks, chat_messages, chat_response, llama_sampling,
+from moa_cpp.speculative.draft_setting import parse_draft
+from moa_cpp.drafter.drafter import DrafterModel
+from moa_cpp.llama_compat import (CHAT_NOOP, NOOP, chat_chunks, chat_messages, chat_response, llama_sampling,
                            refuse_unsupported, stop_list, tool_chunks, tool_response)
-from .speculative.loop import SpeculativeLoop
-from .speculative.proposers import NgramSettings, make_proposer, moa_state, parse_spec_type
-from .speculative.types import DraftConfig, SamplingParams, SpecStats
-from .streaming import GenerationResult, PendingLogprobs, Piece, held_back
-from .structured import grammar_text, request_grammar
-from .target import Target
-from .token_spans import TokenSpans
+from moa_cpp.speculative.loop import SpeculativeLoop
+from moa_cpp.speculative.proposers import NgramSettings, make_proposer, moa_state, parse_spec_type
+from moa_cpp.speculative.types import DraftConfig, SamplingParams, SpecStats
+from moa_cpp.streaming import GenerationResult, PendingLogprobs, Piece, held_back
+from moa_cpp.structured import grammar_text, request_grammar
+from moa_cpp.target.target import Target
+from moa_cpp.token_spans import TokenSpans
 
 __all__ = ["GenerationResult", "Piece", "SpeculativeGenerator", "parse_draft"]
 
@@ -310,7 +310,7 @@ class SpeculativeGenerator:
         refuse_unsupported("create_chat_completion", locals(), CHAT_NOOP)
         if top_logprobs is not None and not logprobs:
             raise ValueError("create_chat_completion(top_logprobs=...) needs logprobs=True")
-        from . import tools as T
+        from moa_cpp import tools as T
         if functions is not None and tools is None:          # llama-cpp-python's legacy mapping
             tools = [{"type": "function", "function": f} for f in functions]
         if function_call is not None and tool_choice is None:
@@ -336,7 +336,7 @@ class SpeculativeGenerator:
                     model: Optional[str], **kw: Any) -> Any:
         """A text completion (or its chunks) in llama-cpp-python's shape; ``kw``: sampling settings
         and ``logprobs`` (written in the chat or the text shape, as ``chat`` says)."""
-        from .logprobs import LogprobWriter
+        from moa_cpp.logprobs import LogprobWriter
         head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
                 "model": model if model is not None else str(self.target.path)}
         ids = self.encode(prompt, chat, kw.pop("tools", None))
@@ -382,9 +382,9 @@ class SpeculativeGenerator:
         """Measure what the cost-aware default needs (T(k), the exact batch size) once per model,
         build and thread count; cached on disk. Seconds on a small model: call it when no user
         waits (the CLI does after printing its output; a server at start)."""
-        from .omp_pool import run_in_passing_thread
+        from moa_cpp.target.omp_pool import run_in_passing_thread
         self.loop.policy_for(self.draft)
-        # on a thread that ends with it: its OpenMP pool must not outlive it (moa_cpp/omp_pool.py)
+        # on a thread that ends with it: its OpenMP pool must not outlive it (moa_cpp/target/omp_pool.py)
         run_in_passing_thread(self.loop.calibrate)
 
     def close(self) -> None:

@@ -103,7 +103,7 @@ def chat_chunks(chunks: Iterator[dict]) -> Iterator[dict]:
 def tool_response(r: dict, plan: Any) -> dict:
     """A chat response whose answer is read as tool calls (llama-cpp-python's shape for a forced
     call: content None, ``function_call`` and ``tool_calls``, finish_reason "tool_calls")."""
-    from .tools import assistant_message
+    from moa_cpp.tools import assistant_message
     ch = r["choices"][0]
     msg, called = assistant_message(plan, ch["message"]["content"], r["id"][4:])
     if called:
@@ -117,7 +117,7 @@ def tool_response(r: dict, plan: Any) -> dict:
 def tool_chunks(chunks: Iterator[dict], plan: Any) -> Iterator[dict]:
     """Streamed tool answers: the role first, then (once the answer is complete) the calls as one
     ``tool_calls`` delta -- or the content, if no call was made -- then the reason."""
-    from .tools import stream_delta
+    from moa_cpp.tools import stream_delta
     text, last = [], None
     for i, c in enumerate(chunks):
         if i == 0:

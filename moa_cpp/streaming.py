@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .speculative.types import SpecStats
+from moa_cpp.speculative.types import SpecStats
 
 __all__ = ["GenerationResult", "PendingLogprobs", "Piece", "held_back"]
 

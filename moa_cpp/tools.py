@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .structured import StructuredOutputError, grammar_for_json_schema
+from moa_cpp.structured import StructuredOutputError, grammar_for_json_schema
 
 MAX_TOOLS = 128
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A headless browser for the chat page's test (tests/test_chat_page.py): Debian's chromium and
+# A headless browser for the chat page's test (tests/server/test_chat_page.py): Debian's chromium and
 # chromium-driver (selenium comes from the project's `test` extra). Installed with apt-get where
 # this runs as root (or with password-less sudo); elsewhere it says so and the browser test
 # skips with the same reason. Never fails the caller: the suite decides what a missing browser means.
@@ -8,7 +8,7 @@ if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
   exit 0
 fi
 if ! command -v apt-get >/dev/null; then
-  echo "browser: no apt-get here; install Chromium + its chromedriver to run tests/test_chat_page.py" >&2
+  echo "browser: no apt-get here; install Chromium + its chromedriver to run tests/server/test_chat_page.py" >&2
   exit 0
 fi
 SUDO=""

@@ -1,4 +1,4 @@
-"""Write moa_cpp/llama_archs.py: every architecture of the vendored llama.cpp, classified by what
+"""Write moa_cpp/format/llama_archs.py: every architecture of the vendored llama.cpp, classified by what
 the drafter can follow, derived from the llama.cpp source (scripts/derive_llama_archs.py parses it).
 
     python scripts/llama_arch_table.py /path/to/llama_cpp_python-0.3.36/vendor/llama.cpp
@@ -14,11 +14,11 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE.parent / "moa_cpp" / "llama_archs.py"
+OUT = HERE.parent / "moa_cpp" / "format" / "llama_archs.py"
 
 
 def classify(a: dict) -> tuple[str, str]:
-    """(kind, why) of one architecture (kinds: moa_cpp/llama_archs.py's docstring)."""
+    """(kind, why) of one architecture (kinds: moa_cpp/format/llama_archs.py's docstring)."""
     if a["recurrent"]:
         return "recurrent", "a recurrent model (state-space / RWKV): no per-layer K/V for the drafter to read"
     if a["diffusion"]:

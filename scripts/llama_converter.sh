@@ -2,7 +2,7 @@
 # llama.cpp's own HF -> GGUF converter, as vendored by llama-cpp-python==0.3.36 (the llama.cpp we
 # link): convert_hf_to_gguf.py, conversion/ and gguf-py/, extracted from the sdist once into
 # ~/.cache/moa_cpp/llama-convert-0.3.36 ($MOA_LLAMA_CONVERTER overrides). The per-architecture
-# checks (tests/test_archs.py) convert their tiny transformers checkpoints with it.
+# checks (tests/format/test_archs.py) convert their tiny transformers checkpoints with it.
 # The sdist: $MOA_LLAMA_SDIST, pip's unpack folders under /tmp, else `pip download` (76 MB, once).
 set -euo pipefail
 VERSION=0.3.36

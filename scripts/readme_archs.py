@@ -1,10 +1,10 @@
-"""The README's architecture table, generated from the arch table (moa_cpp/arch.py) and the
-classification of every llama.cpp architecture (moa_cpp/llama_archs.py).
+"""The README's architecture table, generated from the arch table (moa_cpp/format/arch.py) and the
+classification of every llama.cpp architecture (moa_cpp/format/llama_archs.py).
 
     python scripts/readme_archs.py           print the block
     python scripts/readme_archs.py --write   replace it in README.md (between its markers)
 
-tests/test_arch_tables.py fails when README.md and this output differ.
+tests/format/test_arch_tables.py fails when README.md and this output differ.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ END = "<!-- /archs -->"
 
 
 def _drafts(name: str, kind: str) -> str:
-    from moa_cpp.llama_archs import RS_ROLLBACK
+    from moa_cpp.format.llama_archs import RS_ROLLBACK
 
     if kind == "hybrid":
         return "chain (no trees)" if name in RS_ROLLBACK else "off (no recurrent rollback)"
@@ -28,8 +28,8 @@ def _drafts(name: str, kind: str) -> str:
 
 def render() -> str:
     sys.path.insert(0, str(ROOT))
-    from moa_cpp.arch import TARGET_ARCHS, drafter_refusal, llama_kind
-    from moa_cpp.llama_archs import LLAMA_ARCHS, RS_ROLLBACK
+    from moa_cpp.format.arch import TARGET_ARCHS, drafter_refusal, llama_kind
+    from moa_cpp.format.llama_archs import LLAMA_ARCHS, RS_ROLLBACK
 
     rows = ["| architecture | llama.cpp kind | K/V capture | train from GGUF | drafts verified | TLI "
             "| checked against transformers |", "|---|---|---|---|---|---|---|"]
@@ -46,7 +46,7 @@ def render() -> str:
     without = [n for n in hybrids if n not in RS_ROLLBACK]
     lines = [BEGIN, *rows, "",
              f"The linked llama.cpp has {len(LLAMA_ARCHS)} architectures, each classified from its source "
-             "(`moa_cpp/llama_archs.py`, written by `scripts/llama_arch_table.py`): "
+             "(`moa_cpp/format/llama_archs.py`, written by `scripts/llama_arch_table.py`): "
              + ", ".join(f"{k} {counts[k]}" for k in sorted(counts)) + ".",
              "- `attention` ones not in the table run the same code, unchecked;",
              "- `hybrid` (attention between recurrent layers): the attention layers are captured and trained "

@@ -64,6 +64,6 @@ python -m pip install -q --no-build-isolation -e ".[test,models,train,bench,serv
 # moa_cpp (~40 ms of a one-shot `moa-cpp generate`, bench/startup.py). A stale .pyc is harmless:
 # Python checks the source's mtime and compiles the newer source in memory.
 python -m compileall -q moa_cpp > /dev/null
-# llama.cpp's own HF -> GGUF converter (from the llama-cpp-python sdist), for tests/test_archs.py
+# llama.cpp's own HF -> GGUF converter (from the llama-cpp-python sdist), for tests/format/test_archs.py
 bash scripts/llama_converter.sh
-python -c "import moa_cpp.drafter as d, moa_cpp._native as n, moa_cpp.devices as v; print('moa_cpp ready:', n.LIBRARY_PATH, '| devices:', ', '.join(v.list_devices()))"
+python -c "import moa_cpp.drafter.drafter as d, moa_cpp.drafter.native as n, moa_cpp.target.devices as v; print('moa_cpp ready:', n.LIBRARY_PATH, '| devices:', ', '.join(v.list_devices()))"

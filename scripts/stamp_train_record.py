@@ -8,7 +8,7 @@ docs/training.md ("Full length: Muon + LSA FFN 192"), so they are written once, 
         --target smollm2 --steps 590 --token-passes 308000 --note "issue 12: ShareGPT mix, Muon, LSA FFN 192"
 
 The tensors go through the continuation's own path (dequantize -> torch -> the converter at the
-file's type), which writes them back bit for bit (tests/test_train_continue.py); the script checks
+file's type), which writes them back bit for bit (tests/train/test_train_continue.py); the script checks
 that again and refuses to write otherwise. ``moa.eval.acceptance`` is kept.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import gguf  # noqa: E402
 import numpy as np  # noqa: E402
 
 from moa_cpp.convert import convert  # noqa: E402
-from moa_cpp.gguf_names import Keys  # noqa: E402
+from moa_cpp.format.names import Keys  # noqa: E402
 from moa_cpp.train.cli import _target_path  # noqa: E402
 from moa_cpp.train.init_from import read_drafter, to_model  # noqa: E402
 from moa_cpp.train.target_torch import TorchTarget  # noqa: E402

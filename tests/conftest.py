@@ -39,7 +39,7 @@ def work_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def qwen05b_path() -> Path:
     """Qwen2.5-Coder-0.5B-Instruct Q4_K_M (the `models` extra), assembled once; skips if absent."""
-    from moa_cpp import models
+    from moa_cpp.models import registry as models
     try:
         return models.qwen25_coder_05b_path()
     except models.ModelNotInstalledError as e:

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import rewrite_gguf
+from moa_cpp.testing.helpers import rewrite_gguf
 from moa_cpp.convert import convert
-from moa_cpp.drafter import Drafter, DrafterModel
+from moa_cpp.drafter.drafter import Drafter, DrafterModel
 from moa_cpp.errors import (CacheFullError, FormatError, InvalidArgumentError, MismatchError, MoaError,
                             MoaIOError)
 
@@ -174,7 +174,7 @@ def test_cli_bad_arguments(tmp_path, argv, message, usage):
     """Bad command lines end with exit status 2 and one clear error line, never a traceback."""
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     message = message.replace(re.escape("{tmp}"), re.escape(str(tmp_path)))
-    p = subprocess.run([sys.executable, "-m", "moa_cpp.cli"] + argv, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "moa_cpp.cli.main"] + argv, capture_output=True, text=True, timeout=120)
     out = f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     assert "Traceback (most recent call last)" not in p.stderr + p.stdout, out
     assert p.returncode == 2, out
@@ -222,7 +222,7 @@ _NUMPY_WORDS = re.compile(r"out of bounds|axis|mmap|reshape|dtype|buffer|GGUF ma
 def whole_gguf(fixture_dir):
     """A real GGUF's bytes to cut: the embedded drafter where this build has one (issue 41's
     example), else the fixture target."""
-    from moa_cpp.defaults import DEFAULT_DRAFTER
+    from moa_cpp.models.defaults import DEFAULT_DRAFTER
     return (DEFAULT_DRAFTER if DEFAULT_DRAFTER.is_file() else fixture_dir / "target-f32.gguf").read_bytes()
 
 
@@ -235,13 +235,13 @@ def _not_gguf(tmp_path, whole: bytes, kind: str):
 
 @pytest.mark.parametrize("kind", list(_NOT_GGUF))
 def test_gguf_problem_says_what_is_wrong(tmp_path, whole_gguf, kind):
-    from moa_cpp.gguf_check import gguf_problem
+    from moa_cpp.format.check import gguf_problem
     bad, reason = _not_gguf(tmp_path, whole_gguf, kind)
     assert re.fullmatch(reason, gguf_problem(bad) or ""), gguf_problem(bad)
 
 
 def test_gguf_problem_passes_whole_files(whole_gguf, target_path, drafter_f32, tmp_path):
-    from moa_cpp.gguf_check import gguf_problem
+    from moa_cpp.format.check import gguf_problem
     whole = tmp_path / "whole.gguf"
     whole.write_bytes(whole_gguf)
     assert [gguf_problem(p) for p in (whole, target_path, drafter_f32)] == [None, None, None]
@@ -260,7 +260,7 @@ def test_cli_names_the_file_and_what_is_wrong(tmp_path, whole_gguf, target_path,
     naming the file and what is wrong with it (not numpy's words from inside gguf-py), no traceback."""
     bad, reason = _not_gguf(tmp_path, whole_gguf, kind)
     argv = [a.format(target=target_path, bad=bad) for a in _FLAGS[flag]]
-    p = subprocess.run([sys.executable, "-m", "moa_cpp.cli", "generate", *argv, "-p", "hi", "-n", "1"],
+    p = subprocess.run([sys.executable, "-m", "moa_cpp.cli.main", "generate", *argv, "-p", "hi", "-n", "1"],
                        capture_output=True, text=True, timeout=300)
     out = f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     assert "Traceback (most recent call last)" not in p.stderr + p.stdout, out

@@ -34,12 +34,12 @@ def test_cli_imports_only_the_command_it_runs():
     parser imports the chosen subcommand's module only); `moa-cpp --help` still lists them all."""
     import subprocess
     import sys
-    code = ("import sys; from moa_cpp.cli import build_parser; p = build_parser('generate'); "
+    code = ("import sys; from moa_cpp.cli.main import build_parser; p = build_parser('generate'); "
             "p.parse_args(['generate', '-p', 'x']); "
             "print(sorted(m for m in ('moa_cpp.convert', 'gguf', 'starlette', 'uvicorn', 'torch', 'moa_cpp.train') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout
-    helptext = subprocess.run([sys.executable, "-m", "moa_cpp.cli", "--help"], capture_output=True, text=True,
+    helptext = subprocess.run([sys.executable, "-m", "moa_cpp.cli.main", "--help"], capture_output=True, text=True,
                               timeout=120, check=True).stdout
     assert all(c in helptext for c in ("generate", "convert", "train", "serve", "client", "bundle", "rpc-server"))

@@ -10,8 +10,9 @@ import inspect
 import llama_cpp
 import pytest
 
-from moa_cpp import SpeculativeGenerator, defaults
-from helpers import drafting_default_generator
+from moa_cpp import SpeculativeGenerator
+from moa_cpp.models import defaults
+from moa_cpp.testing.helpers import drafting_default_generator
 from moa_cpp.llama_compat import llama_sampling as _llama_sampling
 
 pytestmark = pytest.mark.model

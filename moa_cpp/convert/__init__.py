@@ -14,15 +14,15 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..arch import by_snapshot_model_type
-from ..atomic import write_atomic
-from ..errors import FormatError, InvalidArgumentError, MismatchError
-from ..gguf_names import D2T, DRAFT_OUTPUT, FORMAT_VERSION, Keys
-from .layouts import Hparams, detect_layout, derive_hparams
-from .safetensors_io import load_f32, load_ids
-from .source import resolve_source
-from .target_gguf import TargetInfo, check_target, read_target
-from .writer import OUTTYPES, Encoded, encode, encode_ids, write_gguf
+from moa_cpp.format.arch import by_snapshot_model_type
+from moa_cpp.atomic import write_atomic
+from moa_cpp.errors import FormatError, InvalidArgumentError, MismatchError
+from moa_cpp.format.names import D2T, DRAFT_OUTPUT, FORMAT_VERSION, Keys
+from moa_cpp.convert.layouts import Hparams, detect_layout, derive_hparams
+from moa_cpp.convert.safetensors_io import load_f32, load_ids
+from moa_cpp.convert.source import resolve_source
+from moa_cpp.convert.target_gguf import TargetInfo, check_target, read_target
+from moa_cpp.convert.writer import OUTTYPES, Encoded, encode, encode_ids, write_gguf
 
 __all__ = ["convert", "add_convert_arguments", "run_convert", "OUTTYPES"]
 
@@ -64,7 +64,7 @@ def _embedding_scale(hp: Hparams, tg: TargetInfo | None) -> float:
 
 def _snapshot_target_arch(hp: Hparams) -> str | None:
     """The target architecture a training snapshot's config names (its HF model_type, mapped by
-    moa_cpp.arch's table); None for a Format A checkpoint."""
+    moa_cpp.format.arch's table); None for a Format A checkpoint."""
     if hp.config_arch is None:
         return None
     row = by_snapshot_model_type(hp.config_arch)

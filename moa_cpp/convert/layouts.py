@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..arch import TARGET_ARCHS
-from ..errors import FormatError
-from ..gguf_names import D2T, DRAFT_OUTPUT, MODULES, OPTIONAL_HF, tensor_map
-from .safetensors_io import TensorInfo, list_tensors
+from moa_cpp.format.arch import TARGET_ARCHS
+from moa_cpp.errors import FormatError
+from moa_cpp.format.names import D2T, DRAFT_OUTPUT, MODULES, OPTIONAL_HF, tensor_map
+from moa_cpp.convert.safetensors_io import TensorInfo, list_tensors
 
 log = logging.getLogger(__name__)
 
-# HF model_types of the training snapshots (Format B) the converter accepts: moa_cpp.arch's table.
+# HF model_types of the training snapshots (Format B) the converter accepts: moa_cpp.format.arch's table.
 SNAPSHOT_MODEL_TYPES = tuple(a.snapshot_model_type for a in TARGET_ARCHS if a.snapshot_model_type)
 _STRIP_PREFIXES = ("model.",)          # tolerated leading prefix on HF names
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent buffer; harmless if present

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import FormatError
+from moa_cpp.errors import FormatError
 
 INDEX_NAME = "model.safetensors.index.json"
 _NUMPY = {"F32": np.float32, "F16": np.float16, "F64": np.float64}

@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import MoaIOError
-from ..hf_models import hub_cache_dir, hub_offline
+from moa_cpp.errors import MoaIOError
+from moa_cpp.models.hf import hub_cache_dir, hub_offline
 
 log = logging.getLogger(__name__)
 

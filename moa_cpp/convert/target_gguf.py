@@ -10,14 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from ..arch import drafter_refusal, embedding_scale, lookup, names_where
-from ..errors import FormatError, MismatchError, MoaIOError
-from .layouts import Hparams
+from moa_cpp.format.arch import drafter_refusal, embedding_scale, lookup, names_where
+from moa_cpp.errors import FormatError, MismatchError, MoaIOError
+from moa_cpp.convert.layouts import Hparams
 
 log = logging.getLogger(__name__)
 
 # llama.cpp architectures whose K rows are permuted by convert_hf_to_gguf (NORM RoPE, docs/drafter.md#k-permutation):
-# the rows of moa_cpp.arch's table with qk_permuted.
+# the rows of moa_cpp.format.arch's table with qk_permuted.
 NORM_ROPE_ARCHS = names_where("qk_permuted")
 
 
@@ -41,7 +41,7 @@ class TargetInfo:
     @property
     def embedding_scale(self) -> float:
         """Factor the target applies to token_embd rows before layer 0: sqrt(n_embd) for Gemma
-        architectures (llama.cpp src/models/gemma*.cpp), else 1 (moa_cpp.arch's table; its native
+        architectures (llama.cpp src/models/gemma*.cpp), else 1 (moa_cpp.format.arch's table; its native
         twin gives the loader's default for a drafter without ``moa.embedding_scale``)."""
         return embedding_scale(self.arch, self.n_embd)
 

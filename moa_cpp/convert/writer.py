@@ -8,8 +8,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from ..errors import FormatError, InvalidArgumentError
-from ..gguf_names import ARCH, Keys
+from moa_cpp.errors import FormatError, InvalidArgumentError
+from moa_cpp.format.names import ARCH, Keys
 
 log = logging.getLogger(__name__)
 

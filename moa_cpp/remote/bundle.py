@@ -1,7 +1,7 @@
 """The client bundle of client-server MoA (docs/client-server.md#bundle): what a ``moa-cpp client``
 needs, and nothing of the server's (no target layers, no LSA / Ekv2E / CA k,v). This module is
 the bundle's identity and its reading and checking; writing one is :mod:`.bundle_write`
-(``moa-cpp bundle``, :mod:`moa_cpp.cli_bundle`), downloading one :mod:`.bundle_download`.
+(``moa-cpp bundle``, :mod:`moa_cpp.cli.bundle`), downloading one :mod:`.bundle_download`.
 
 A bundle directory holds::
 
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from ..atomic import write_atomic  # noqa: F401  (bundle_write / bundle_download use it from here)
-from ..errors import FormatError, MismatchError
-from .gguf_info import file_key, gguf_info
+from moa_cpp.atomic import write_atomic  # noqa: F401  (bundle_write / bundle_download use it from here)
+from moa_cpp.errors import FormatError, MismatchError
+from moa_cpp.remote.gguf_info import file_key, gguf_info
 
 CLIENT_FILE = "client.gguf"
 VOCAB_FILE = "vocab.gguf"
@@ -130,7 +130,7 @@ class Bundle:
 
 def check_manifest(m: object, where: str) -> dict:
     """Structure of a manifest (from a file or a server): every field the client relies on."""
-    from . import protocol as P
+    from moa_cpp.remote import protocol as P
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise BundleError(f"{where}: not a moa_cpp client bundle manifest")
     if m.get("format_version") != FORMAT_VERSION:

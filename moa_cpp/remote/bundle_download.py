@@ -1,7 +1,7 @@
 """Downloading the bundle a ``moa-cpp serve --bundle DIR`` offers (:func:`download_bundle`):
 ``GET /moa/v1/bundle`` (the manifest), then ``GET /moa/v1/bundle/FILE`` for each file, through
 the one HTTP client (:class:`~.transport.Transport`), into ``<cache>/bundles/<bundle_id>/``
-(``moa_cpp.models.cache_dir``), every file checked against the manifest's size and sha256."""
+(``moa_cpp.models.registry.cache_dir``), every file checked against the manifest's size and sha256."""
 from __future__ import annotations
 
 import hashlib
@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import quote
 
-from ..errors import MoaError
-from .bundle import (ID_RE, MANIFEST_FILE, Bundle, BundleError, check_manifest, file_sha256, fmt_size, load_bundle,
+from moa_cpp.errors import MoaError
+from moa_cpp.remote.bundle import (ID_RE, MANIFEST_FILE, Bundle, BundleError, check_manifest, file_sha256, fmt_size, load_bundle,
                      write_atomic)
-from .transport import Transport
+from moa_cpp.remote.transport import Transport
 
 MAX_MANIFEST = 1 << 20
 
 
 def bundle_cache_dir(bid: str) -> Path:
-    from ..models import cache_dir
+    from moa_cpp.models.registry import cache_dir
     if not ID_RE.match(bid):
         raise BundleError(f"bad bundle_id {bid!r}")
     return cache_dir() / "bundles" / bid

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import Union
 
-from ..errors import FormatError, InvalidArgumentError, MoaIOError
-from .bundle import (BUNDLE_FILES, CHUNK, CLIENT_FILE, FORMAT, FORMAT_VERSION, MANIFEST_FILE, VOCAB_FILE, bundle_id,
+from moa_cpp.errors import FormatError, InvalidArgumentError, MoaIOError
+from moa_cpp.remote.bundle import (BUNDLE_FILES, CHUNK, CLIENT_FILE, FORMAT, FORMAT_VERSION, MANIFEST_FILE, VOCAB_FILE, bundle_id,
                      file_sha256, write_atomic)
-from .gguf_info import GGUFInfo, gguf_info, tensor_rows
+from moa_cpp.remote.gguf_info import GGUFInfo, gguf_info, tensor_rows
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def _write_vocab(path: Path, target_path: Path, info: GGUFInfo) -> None:
 def _dims(drafter_path: Path, target_path: Path) -> dict:
     """The pair's dimensions, loaded as a full drafter (so a mismatch is reported as the loader
     reports it); refuses a client-role drafter and target layer inference (N > 0)."""
-    from ..drafter import DrafterModel
+    from moa_cpp.drafter.drafter import DrafterModel
     model = DrafterModel(drafter_path, target_path, device="cpu", n_threads=1)
     try:
         if model.role != "full":
@@ -129,10 +129,10 @@ def make_bundle(target_path: Union[str, os.PathLike], drafter_path: Union[str, o
     reports it). Each file is written to a temporary name and renamed; the manifest comes last."""
     import gguf
 
-    from .. import __version__
-    from ..arch import embedding_scale
-    from ..gguf_names import Keys
-    from . import protocol as P
+    from moa_cpp import __version__
+    from moa_cpp.format.arch import embedding_scale
+    from moa_cpp.format.names import Keys
+    from moa_cpp.remote import protocol as P
 
     if embd_type not in EMBD_TYPES:
         raise InvalidArgumentError(f"embd_type must be one of {', '.join(EMBD_TYPES)}")

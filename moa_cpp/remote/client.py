@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence, Union
 
-from .client_parts import ClientParts
-from .results import Event, RemoteResult, RemoteStats
-from .run import RemoteRun
-from .transport import RemoteError
+from moa_cpp.remote.client_parts import ClientParts
+from moa_cpp.remote.results import Event, RemoteResult, RemoteStats
+from moa_cpp.remote.run import RemoteRun
+from moa_cpp.remote.transport import RemoteError
 
 # the public names of client-server MoA's client, importable from here
 __all__ = ["RemoteGenerator", "RemoteError", "RemoteResult", "RemoteStats", "Event"]
@@ -53,7 +53,7 @@ class RemoteGenerator(ClientParts):
     def chat_prompt(self, messages: list) -> list:
         """Token ids of ``messages`` in the target GGUF's chat template (as single-device
         ``generate(chat=True)`` builds them)."""
-        from ..chat_template import render_chat_template
+        from moa_cpp.chat_template import render_chat_template
         template = self.vocab.metadata.get("tokenizer.chat_template")
         if not template:
             raise ValueError("the target GGUF has no chat template; send a plain prompt")

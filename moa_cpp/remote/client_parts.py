@@ -10,12 +10,12 @@ import os
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from ..drafter import DrafterModel
-from ..generator import parse_draft
-from ..speculative.proposers import make_proposer, moa_state
-from . import protocol as P
-from .files import resolve_files
-from .transport import Transport
+from moa_cpp.drafter.drafter import DrafterModel
+from moa_cpp.generator import parse_draft
+from moa_cpp.speculative.proposers import make_proposer, moa_state
+from moa_cpp.remote import protocol as P
+from moa_cpp.remote.files import resolve_files
+from moa_cpp.remote.transport import Transport
 
 PathLike = Union[str, Path, None]
 
@@ -31,7 +31,7 @@ class ClientParts:
                  bundle_id: Optional[str] = None) -> None:
         import llama_cpp
 
-        from ..llama_log import log_chosen, set_llama_log
+        from moa_cpp.target.llama_log import log_chosen, set_llama_log
         if not log_chosen():                 # llama.cpp's log lines only if someone asked for them
             set_llama_log(False)
         if ca_dtype not in P.CA_DTYPES:

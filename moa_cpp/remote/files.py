@@ -7,8 +7,8 @@ import logging
 import os
 from typing import Optional, Union
 
-from . import bundle as B
-from .transport import UNAVAILABLE
+from moa_cpp.remote import bundle as B
+from moa_cpp.remote.transport import UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def resolve_files(url: str, key: Optional[str], timeout: float, bundle: PathLike
       user's consent -- ``trust`` (any bundle it offers) or ``pin`` (exactly this bundle_id);
       without consent a BundleError says how to give it. A server without a bundle (or one that
       cannot be asked now): the embedded default drafter and target."""
-    from .bundle_download import download_bundle, fetch_manifest
+    from moa_cpp.remote.bundle_download import download_bundle, fetch_manifest
     if bundle is not None:
         if drafter is not None or target is not None:
             raise ValueError("pass either bundle= or drafter= / target=, not both")
@@ -57,7 +57,7 @@ def resolve_files(url: str, key: Optional[str], timeout: float, bundle: PathLike
                 "use your own files: --bundle DIR, or -m TARGET -d DRAFTER")
         b = download_bundle(url, key, timeout=timeout, manifest=m, progress=True)
         return b.client, None, b.vocab, b
-    from .. import defaults
+    from moa_cpp.models import defaults
     default_target = defaults.default_target()
     return defaults.default_drafter(), default_target, default_target, None
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
-from ..errors import FormatError, MoaIOError
+from moa_cpp.errors import FormatError, MoaIOError
 
 _CACHE: dict = {}
 _CACHE_MAX = 8

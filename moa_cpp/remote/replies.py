@@ -6,8 +6,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import protocol as P
-from .transport import RemoteError
+from moa_cpp.remote import protocol as P
+from moa_cpp.remote.transport import RemoteError
 
 
 def check_reply(r: Any, n_prop: Optional[int], *, n_ctx: int, n_vocab: int, ca_heads: int, head_dim: int) -> dict:

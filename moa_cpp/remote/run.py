@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
-from ..speculative.loop import fit_chain
-from ..speculative.types import Proposal, SamplingParams
-from . import protocol as P
-from .replies import check_reply
-from .results import Event, RemoteResult, RemoteStats
-from .transport import UNAVAILABLE, RemoteError
+from moa_cpp.speculative.loop import fit_chain
+from moa_cpp.speculative.types import Proposal, SamplingParams
+from moa_cpp.remote import protocol as P
+from moa_cpp.remote.replies import check_reply
+from moa_cpp.remote.results import Event, RemoteResult, RemoteStats
+from moa_cpp.remote.transport import UNAVAILABLE, RemoteError
 
 if TYPE_CHECKING:
-    from .client_parts import ClientParts
+    from moa_cpp.remote.client_parts import ClientParts
 
 
 class Unavailable(Exception):

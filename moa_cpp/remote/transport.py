@@ -16,7 +16,7 @@ import time
 from typing import Any, Iterator, Optional
 from urllib.parse import urlparse
 
-from . import protocol as P
+from moa_cpp.remote import protocol as P
 
 
 class RemoteError(RuntimeError):

@@ -22,23 +22,23 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import MoaError
-from ..generator import parse_draft
-from .auth import KeyChecker, offered_key
-from .body import read_json_body, until_disconnect
-from .errors import APIError, bad_request
-from .extras import TextUtilities
-from .hosts import HostMiddleware, allowed_hosts
-from ..logprobs import LogprobWriter
-from ..speculative.grammar import Grammar
-from ..tools import ToolPlan, assistant_message, may_be_call, stream_delta
-from .metrics import ServerMetrics
-from .remote_routes import RemoteAPI
-from .schemas import ChatRequest, CompletionRequest, parse_body
-from .sessions import SessionPool, model_id
-from .settings import ServerSettings
-from .ui import PUBLIC_PATHS, ChatPage
-from .worker import GenParams, Job
+from moa_cpp.errors import MoaError
+from moa_cpp.generator import parse_draft
+from moa_cpp.server.auth import KeyChecker, offered_key
+from moa_cpp.server.body import read_json_body, until_disconnect
+from moa_cpp.server.errors import APIError, bad_request
+from moa_cpp.server.extras import TextUtilities
+from moa_cpp.server.hosts import HostMiddleware, allowed_hosts
+from moa_cpp.logprobs import LogprobWriter
+from moa_cpp.speculative.grammar import Grammar
+from moa_cpp.tools import ToolPlan, assistant_message, may_be_call, stream_delta
+from moa_cpp.server.metrics import ServerMetrics
+from moa_cpp.server.remote_routes import RemoteAPI
+from moa_cpp.server.schemas import ChatRequest, CompletionRequest, parse_body
+from moa_cpp.server.sessions import SessionPool, model_id
+from moa_cpp.server.settings import ServerSettings
+from moa_cpp.server.ui import PUBLIC_PATHS, ChatPage
+from moa_cpp.server.worker import GenParams, Job
 
 log = logging.getLogger("moa_cpp.server")
 

@@ -17,8 +17,8 @@ import stat
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from ..errors import InvalidArgumentError
-from ..rpc import is_loopback
+from moa_cpp.errors import InvalidArgumentError
+from moa_cpp.target.rpc import is_loopback
 
 ENV_KEY = "MOA_API_KEY"
 log = logging.getLogger("moa_cpp.server")

@@ -7,7 +7,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from .errors import APIError, bad_request
+from moa_cpp.server.errors import APIError, bad_request
 
 # A body larger than the limit is read and dropped (not kept) up to this many bytes so that the
 # client, still sending, gets the 413 instead of a reset connection.

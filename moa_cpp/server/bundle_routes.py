@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..remote import bundle as B
-from .errors import APIError
+from moa_cpp.remote import bundle as B
+from moa_cpp.server.errors import APIError
 
 
 def server_files(srv: Any) -> tuple:

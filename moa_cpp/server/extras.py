@@ -23,9 +23,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .body import read_json_body
-from .errors import bad_request
-from .schemas import _STRICT, MAX_MESSAGES, Message, parse_body
+from moa_cpp.server.body import read_json_body
+from moa_cpp.server.errors import bad_request
+from moa_cpp.server.schemas import _STRICT, MAX_MESSAGES, Message, parse_body
 
 MAX_TOKENS_IN = 1 << 18          # ids one /detokenize may send (a 1 MiB body holds fewer anyway)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-from .errors import APIError
+from moa_cpp.server.errors import APIError
 
 LOOPBACK = "<loopback names>"   # in an allowed set: every loopback name and address
 
@@ -31,14 +31,14 @@ def host_name(value: str) -> str:
 def is_loopback_name(name: str) -> bool:
     """The bind policy's loopback names and addresses, plus ``*.localhost`` (RFC 6761: browsers
     resolve it to loopback)."""
-    from ..rpc import is_loopback
+    from moa_cpp.target.rpc import is_loopback
     return name.endswith(".localhost") or is_loopback(name)
 
 
 def allowed_hosts(bind_host: str, listed: Iterable[str]) -> Optional[set]:
     """The Host names served (None: every name): loopback names on a loopback bind, plus the
     listed ones; only the listed ones (if any) elsewhere."""
-    from ..rpc import is_loopback
+    from moa_cpp.target.rpc import is_loopback
     names = {host_name(h) for h in listed if h.strip()}
     if "*" in names:
         return None

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .errors import APIError
+from moa_cpp.server.errors import APIError
 
 
 class ServerMetrics:

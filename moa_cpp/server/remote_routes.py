@@ -20,13 +20,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..remote import protocol as P
-from ..speculative.types import SamplingParams
-from .auth import offered_key
-from .body import read_body, until_disconnect
-from .bundle_routes import BundleAPI
-from .errors import APIError
-from .remote_sessions import (RemoteSession, check_state, new_session, open_generation, resync_chain, rewind,
+from moa_cpp.remote import protocol as P
+from moa_cpp.speculative.types import SamplingParams
+from moa_cpp.server.auth import offered_key
+from moa_cpp.server.body import read_body, until_disconnect
+from moa_cpp.server.bundle_routes import BundleAPI
+from moa_cpp.server.errors import APIError
+from moa_cpp.server.remote_sessions import (RemoteSession, check_state, new_session, open_generation, resync_chain, rewind,
                               verify_cycle)
 
 MAX_PROMPT = 1 << 16

@@ -22,10 +22,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..remote import protocol as P
-from ..speculative.loop import Generation, SpeculativeLoop
-from ..speculative.types import DraftConfig, Proposal, SamplingParams
-from .sessions import Session
+from moa_cpp.remote import protocol as P
+from moa_cpp.speculative.loop import Generation, SpeculativeLoop
+from moa_cpp.speculative.types import DraftConfig, Proposal, SamplingParams
+from moa_cpp.server.sessions import Session
 
 # the proposal's shape is the client's; the loop only needs a tree-shaped setting to take it
 _CLIENT_SHAPE = DraftConfig("tree", depth=16, topk=16, total=62)

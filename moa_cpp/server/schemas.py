@@ -20,10 +20,10 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from ..generator import parse_draft
-from ..structured import MAX_GRAMMAR_CHARS, StructuredOutputError, request_grammar
-from ..tools import MAX_TOOLS, ToolPlan, plan as plan_tools, template_messages
-from .errors import APIError, bad_request
+from moa_cpp.generator import parse_draft
+from moa_cpp.structured import MAX_GRAMMAR_CHARS, StructuredOutputError, request_grammar
+from moa_cpp.tools import MAX_TOOLS, ToolPlan, plan as plan_tools, template_messages
+from moa_cpp.server.errors import APIError, bad_request
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 

@@ -4,7 +4,7 @@ and a bounded FIFO of requests waiting for one (503 + Retry-After beyond it).
 A session is a :class:`SpeculativeGenerator` with its own drafter state (the drafter weights are
 shared). With continuous batching (``--parallel N`` > 1, the default ``--cont-batching``) the
 sessions are the slots of one llama.cpp context, and every cycle decodes all generating slots in
-one batch (:mod:`moa_cpp.target_slots`); with ``--no-cont-batching`` each session has a context of
+one batch (:mod:`moa_cpp.target.slots`); with ``--no-cont-batching`` each session has a context of
 its own (the model weights are shared). One generation at a time runs on a session; several
 sessions run in parallel threads.
 """
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 from pathlib import Path
 
-from ..generator import SpeculativeGenerator, parse_draft
-from ..speculative.proposers import make_proposer
-from .errors import APIError
-from .settings import ServerSettings
+from moa_cpp.generator import SpeculativeGenerator, parse_draft
+from moa_cpp.speculative.proposers import make_proposer
+from moa_cpp.server.errors import APIError
+from moa_cpp.server.settings import ServerSettings
 
-# rows checked for the agreement of padded batches (moa_cpp/batch_pad.py): the batching engine's
+# rows checked for the agreement of padded batches (moa_cpp/target/batch_pad.py): the batching engine's
 # cap per call there (a cost-aware chain needs 9, prefill chunks take what there is)
 PAD_CHECK_ROWS = 32
 
@@ -39,7 +39,7 @@ class Session:
 def resolve_models(s: ServerSettings) -> tuple:
     """(target path, MoA drafter path or None, draft-model path or None, speculative types, draft
     spec); a model no proposer drafts with is None (not loaded)."""
-    from ..defaults import ngram_settings, resolve_models as resolve, resolve_spec_type
+    from moa_cpp.models.defaults import ngram_settings, resolve_models as resolve, resolve_spec_type
     draft = parse_draft(s.draft)
     off = draft.mode == "none"
     target, drafter, draft_model = resolve(s.model, s.drafter, None, off)
@@ -55,9 +55,9 @@ def build_sessions(s: ServerSettings) -> list:
     """Load the target once, then ``s.parallel`` sessions on it: the slots of one batched context
     (:func:`batched_slots`), or a context each (the drafter's weights are shared; each session has
     its own drafter state or draft-model context)."""
-    from ..drafter import DrafterModel
-    from ..defaults import ngram_settings
-    from ..target import Target
+    from moa_cpp.drafter.drafter import DrafterModel
+    from moa_cpp.models.defaults import ngram_settings
+    from moa_cpp.target.target import Target
 
     target_path, drafter_path, draft_model, kinds, draft = resolve_models(s)
     threads = s.session_threads()
@@ -78,7 +78,7 @@ def build_sessions(s: ServerSettings) -> list:
     # batched: the drafters and draft models compute on the slots' threads with one thread each. A
     # multi-threaded graph there would give every slot thread a libgomp pool next to the engine's,
     # and with more pool workers than cores libgomp sleeps at every barrier, the target's included
-    # (moa_cpp/omp_pool.py); the slots draft side by side instead.
+    # (moa_cpp/target/omp_pool.py); the slots draft side by side instead.
     side = 1 if batched else threads
     sessions: list = []
     try:
@@ -107,14 +107,14 @@ def build_sessions(s: ServerSettings) -> list:
 
 
 def batched_slots(s: ServerSettings, target_path: Any) -> tuple:
-    """(shared target, :class:`~moa_cpp.target_slots.BatchEngine`): one context with one KV
+    """(shared target, :class:`~moa_cpp.target.slots.BatchEngine`): one context with one KV
     stream of ``s.n_ctx`` cells per slot, all threads. Its exact batch size is measured here,
     before any slot holds cells (it is cached on disk; measuring uses the KV cache), and bounds
     the engine's calls, so that sharing a call never changes a slot's rows."""
-    from ..target import MAX_VERIFY_ROWS, Target
-    from ..batch_pad import padded_exact_rows
-    from ..omp_pool import run_in_passing_thread
-    from ..target_slots import BatchEngine
+    from moa_cpp.target.target import MAX_VERIFY_ROWS, Target
+    from moa_cpp.target.batch_pad import padded_exact_rows
+    from moa_cpp.target.omp_pool import run_in_passing_thread
+    from moa_cpp.target.slots import BatchEngine
 
     opts = dict(s.target_options)
     n_batch = max(int(opts.pop("n_batch", 512)), 64 * s.parallel)
@@ -123,12 +123,12 @@ def batched_slots(s: ServerSettings, target_path: Any) -> tuple:
                             n_batch=n_batch, **opts)
     try:
         # measured (once per model, then cached) on a thread that ends with it: no OpenMP pool of
-        # its own outlives it next to the engine's decode thread (moa_cpp/omp_pool.py)
+        # its own outlives it next to the engine's decode thread (moa_cpp/target/omp_pool.py)
         exact = run_in_passing_thread(base.exact_rows, MAX_VERIFY_ROWS)
         pad = 1
         if exact < 2:
             # one-row decodes computed apart (F16 on the CPU): exact if every call has two rows
-            # and batches of two rows or more all agree (moa_cpp/batch_pad.py)
+            # and batches of two rows or more all agree (moa_cpp/target/batch_pad.py)
             agree = run_in_passing_thread(padded_exact_rows, base, 2, PAD_CHECK_ROWS)
             if agree < 2:
                 base.close()

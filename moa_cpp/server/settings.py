@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..cli_values import non_negative as _non_negative, port as _port, positive as _positive
-from ..defaults import add_spec_arguments
+from moa_cpp.cli.values import non_negative as _non_negative, port as _port, positive as _positive
+from moa_cpp.models.defaults import add_spec_arguments
 
 
 @dataclass
@@ -157,14 +157,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve this client bundle (moa-cpp bundle -m T -d D -o DIR) at /moa/v1/bundle; it must have "
                         "been made from this server's drafter and target")
     p.add_argument("--verbose", dest="llama_verbose", action="store_true", help="show llama.cpp's own log lines")
-    from ..cli_llama import add_llama_arguments
+    from moa_cpp.cli.llama_flags import add_llama_arguments
     add_llama_arguments(p)
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    from .auth import load_api_keys
-    from ..rpc import parse_endpoints
-    from ..errors import InvalidArgumentError
+    from moa_cpp.server.auth import load_api_keys
+    from moa_cpp.target.rpc import parse_endpoints
+    from moa_cpp.errors import InvalidArgumentError
     rpc = tuple(parse_endpoints(args.rpc)) if args.rpc else ()
     for name, v in (("--header-timeout", args.head_timeout), ("--body-timeout", args.body_timeout),
                     ("--idle-timeout", args.idle_timeout)):
@@ -173,7 +173,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if args.cache_ram < -1:
         raise InvalidArgumentError(f"--cache-ram must be MiB >= 0, or -1 (no limit), got {args.cache_ram}")
     ngl = args.n_gpu_layers if args.n_gpu_layers is not None else (-1 if rpc else 0)
-    from ..cli_llama import drafter_device, target_options
+    from moa_cpp.cli.llama_flags import drafter_device, target_options
     return ServerSettings(target_options=target_options(args), model=args.model, drafter=args.drafter, host=args.host, port=args.port,
                           api_keys=load_api_keys(args.api_key_file, inline=args.api_key), insecure_no_auth=args.insecure_no_auth,
                           parallel=args.parallel, cont_batching=args.cont_batching, queue=args.queue, n_ctx=args.n_ctx, threads=args.threads,

@@ -22,8 +22,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .errors import APIError, bad_request
-from .sessions import Session
+from moa_cpp.server.errors import APIError, bad_request
+from moa_cpp.server.sessions import Session
 
 log = logging.getLogger("moa_cpp.server")
 

@@ -9,7 +9,7 @@
 - :mod:`.policy` — draft shapes per cycle (fixed, cost-aware) and the T(k) measurement;
 - :mod:`.loop` — prefill, then step() = propose -> score -> verify -> commit.
 """
-from .loop import SpeculativeLoop, StepEvent  # noqa: F401
-from .policy import CostAwarePolicy, FixedPolicy, Policy, measure_verify_cost  # noqa: F401
-from .types import (DraftConfig, Proposal, Proposer, SamplingParams, Scores, SpecStats,  # noqa: F401
+from moa_cpp.speculative.loop import SpeculativeLoop, StepEvent  # noqa: F401
+from moa_cpp.speculative.policy import CostAwarePolicy, FixedPolicy, Policy, measure_verify_cost  # noqa: F401
+from moa_cpp.speculative.types import (DraftConfig, Proposal, Proposer, SamplingParams, Scores, SpecStats,  # noqa: F401
                     StepResult, Verdict)

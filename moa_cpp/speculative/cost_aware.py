@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
-from .types import DraftConfig, NO_DRAFT
-from .acceptance import AcceptanceEstimate, best_chain_length, ucb_capped
-from .verify_cost import cached_verify_cost, calibrate_verify_cost
+from moa_cpp.speculative.types import DraftConfig, NO_DRAFT
+from moa_cpp.speculative.acceptance import AcceptanceEstimate, best_chain_length, ucb_capped
+from moa_cpp.speculative.verify_cost import cached_verify_cost, calibrate_verify_cost
 
 if TYPE_CHECKING:
-    from ..target import Target
+    from moa_cpp.target.target import Target
 
 
 def seat_model_sources(proposer, sit_out: bool = False) -> None:

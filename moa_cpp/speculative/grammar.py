@@ -26,7 +26,7 @@ from typing import Optional
 import llama_cpp
 import numpy as np
 
-from .types import Proposal
+from moa_cpp.speculative.types import Proposal
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Optional
 
-from .types import DraftConfig
-from .cost_aware import CostAwarePolicy, CostAwareSettings, seat_model_sources
+from moa_cpp.speculative.types import DraftConfig
+from moa_cpp.speculative.cost_aware import CostAwarePolicy, CostAwareSettings, seat_model_sources
 
 if TYPE_CHECKING:
-    from ..target import Target
+    from moa_cpp.target.target import Target
 
 
 class HybridPolicy:

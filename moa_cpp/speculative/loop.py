@@ -19,17 +19,17 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
-from ..errors import CacheFullError
-from ..target import MAX_VERIFY_ROWS, Target
-from .policy import Policy, make_policy
-from .scorer import TargetScorer, main_path
-from .types import (NO_DRAFT, DraftConfig, Proposal, Proposer, SamplingParams, Scores, SpecStats, StepResult,
+from moa_cpp.errors import CacheFullError
+from moa_cpp.target.target import MAX_VERIFY_ROWS, Target
+from moa_cpp.speculative.policy import Policy, make_policy
+from moa_cpp.speculative.scorer import TargetScorer, main_path
+from moa_cpp.speculative.types import (NO_DRAFT, DraftConfig, Proposal, Proposer, SamplingParams, Scores, SpecStats, StepResult,
                     TokenLogprob, Verdict)
-from .grammar import Grammar, constrain_rows
-from .penalties import adjust_rows
-from .prefix_cache import PrefixCache
-from .draws import Draws, DrawCursor
-from .verify import probs_from_logits, sample_logits, verify
+from moa_cpp.speculative.grammar import Grammar, constrain_rows
+from moa_cpp.speculative.penalties import adjust_rows
+from moa_cpp.speculative.prefix_cache import PrefixCache
+from moa_cpp.speculative.draws import Draws, DrawCursor
+from moa_cpp.speculative.verify import probs_from_logits, sample_logits, verify
 
 
 @dataclass
@@ -65,7 +65,7 @@ class Generation:
     grammar: Optional[Grammar] = None  # the grammar's state after every emitted token (the root too)
     ids: list = field(default_factory=list)      # the token at every position: prompt, then the roots
     drawn: int = 0                 # sampling: tokens chosen so far (the next one takes draw ``drawn``)
-    run: Any = None                # a batched slot's plain run (moa_cpp.target_slots.PlainRun) while it lives
+    run: Any = None                # a batched slot's plain run (moa_cpp.target.slots.PlainRun) while it lives
     # drafts a plain run's lookup found for the root it ended at (:class:`_Lookahead`): the next
     # step verifies them as its own proposal, (proposal, shape, seconds of the lookup)
     lookahead: Any = None
@@ -399,7 +399,7 @@ class SpeculativeLoop:
 
     def _run_step(self, g: Generation, lookahead: bool = False) -> StepResult:
         """Plain decoding on a batched slot, driven by the engine's decode thread
-        (:class:`~moa_cpp.target_slots.PlainRun`: it chooses each token with :func:`_sample`, as
+        (:class:`~moa_cpp.target.slots.PlainRun`: it chooses each token with :func:`_sample`, as
         :meth:`_plain_step` does, and decodes it at once); this takes the tokens chosen since the
         last step, at least one, and emits them. ``lookahead``: the decode thread also looks up
         drafts for each token it chooses and ends the run at the first that has some

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .types import Proposal, SamplingParams
+from moa_cpp.speculative.types import Proposal, SamplingParams
 
 
 def _penalize(row: np.ndarray, window: Sequence[int], sp: SamplingParams) -> None:

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
-from .acceptance import AcceptanceEstimate, best_chain_length, expected_tokens
-from .cost_aware import CostAwarePolicy, CostAwareSettings, seat_model_sources
-from .hybrid_policy import HybridPolicy
-from .types import DraftConfig
-from .verify_cost import (cached_verify_cost, calibrate_verify_cost, measure_verify_cost,
+from moa_cpp.speculative.acceptance import AcceptanceEstimate, best_chain_length, expected_tokens
+from moa_cpp.speculative.cost_aware import CostAwarePolicy, CostAwareSettings, seat_model_sources
+from moa_cpp.speculative.hybrid_policy import HybridPolicy
+from moa_cpp.speculative.types import DraftConfig
+from moa_cpp.speculative.verify_cost import (cached_verify_cost, calibrate_verify_cost, measure_verify_cost,
                           verify_cost_from_timings)
 
 if TYPE_CHECKING:
-    from ..target import Target
+    from moa_cpp.target.target import Target
 
 __all__ = ["AcceptanceEstimate", "CostAwarePolicy", "CostAwareSettings", "FixedPolicy", "HybridPolicy", "Policy",
            "best_chain_length", "cached_verify_cost", "calibrate_verify_cost", "expected_tokens", "make_policy",

@@ -48,9 +48,9 @@ from typing import Any, Iterator, Optional
 import llama_cpp
 import numpy as np
 
-from ..errors import MoaError
-from ..target import MAX_VERIFY_ROWS
-from ..target_context import LONE_ROW_CELLS, TargetContext
+from moa_cpp.errors import MoaError
+from moa_cpp.target.target import MAX_VERIFY_ROWS
+from moa_cpp.target.context import LONE_ROW_CELLS, TargetContext
 
 # The smallest exact batch worth prefilling in: below it the default chunk is n_ubatch (aligned
 # reuse), above it the prefill runs in exact chunks (canonical reuse). Prefill speed on the CPU

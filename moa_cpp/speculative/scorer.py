@@ -20,8 +20,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..target import Target
-from .types import Proposal, Scores, Verdict
+from moa_cpp.target.target import Target
+from moa_cpp.speculative.types import Proposal, Scores, Verdict
 
 
 def main_path(proposal: Proposal) -> list[int]:

@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from .types import Proposal, SamplingParams, Verdict
+from moa_cpp.speculative.types import Proposal, SamplingParams, Verdict
 
 
 def candidate_probs(logits: np.ndarray, sp: SamplingParams) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,6 @@
 """The target's verify cost T(k): the wall time of one verification decode of k rows (all with
 logits, capture on), measured once per model file, build and thread count and cached on disk
-(:mod:`moa_cpp.calibration_cache`); the cost-aware policies' input (docs/llama-cpp.md#verify-cost).
+(:mod:`moa_cpp.target.calibration`); the cost-aware policies' input (docs/llama-cpp.md#verify-cost).
 
 - :func:`calibrate_verify_cost`: what the CLI and the server run when nobody waits (T(k) from the
   exactness search's own decodes, the rest timed apart, T(1) also from plain decoding's back-to-back
@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
-from .. import calibration_cache
-from ..machine_load import OthersCPU
+from moa_cpp.target import calibration as calibration_cache
+from moa_cpp.target.machine_load import OthersCPU
 
 if TYPE_CHECKING:
-    from ..target import Target
+    from moa_cpp.target.target import Target
 
 log = logging.getLogger("moa_cpp")
 
@@ -47,7 +47,7 @@ def cached_verify_cost(target: Target, ks: Sequence[int] = ()) -> Optional[dict]
 
 def verify_cost_from_timings(timings: dict, upto: int) -> dict:
     """T(k) for k = 1..``upto`` from decode timings by row count (``{b: [seconds, ...]}``, e.g.
-    :func:`moa_cpp.exactness.measure_exact_rows`'s): the fastest sample per size, made non-decreasing in k
+    :func:`moa_cpp.target.exactness.measure_exact_rows`'s): the fastest sample per size, made non-decreasing in k
     (pool-adjacent-violators: one noisy sample must not make a longer batch look cheaper than a
     shorter one), sizes between measured ones interpolated; none beyond the largest measured."""
     ks = sorted(k for k, v in timings.items() if v and 1 <= k <= upto)
@@ -67,7 +67,7 @@ def verify_cost_from_timings(timings: dict, upto: int) -> dict:
     return {k: float(full[k - 1]) for k in range(1, ks[-1] + 1)}
 
 
-# Calibration under load (moa_cpp/machine_load.py): a measurement during which other processes kept
+# Calibration under load (moa_cpp/target/machine_load.py): a measurement during which other processes kept
 # more than BUSY_CORES cores busy on average is not trusted; it is repeated (up to
 # CALIBRATION_ATTEMPTS times, while one attempt takes under RETRY_MAX_S seconds), and if the
 # machine stayed busy, the table measured earlier on a quiet machine is used instead (none: this
@@ -151,7 +151,7 @@ def _measure_for_calibration(target: Target, need: int) -> dict:
     """One measurement of T(1..need) (:func:`calibrate_verify_cost`), not stored."""
     timings: dict = {}
     if target._max_exact_rows is None:
-        from ..exactness import exact_rows
+        from moa_cpp.target.exactness import exact_rows
         exact_rows(target, need, timings=timings)
     timings.setdefault(1, []).extend(_plain_step_times(target))   # T(1) is the fastest of all
     cost = verify_cost_from_timings(timings, need)

@@ -1,6 +1,6 @@
 """The per-architecture K/V check: what the native capture takes from llama.cpp's decode of a
 prompt against ``transformers``' KV cache for the same tokens, on the tiny checkpoints of
-:mod:`moa_cpp.testing.tiny_archs` (``tests/test_archs.py`` asserts it; ``python -m
+:mod:`moa_cpp.testing.tiny_archs` (``tests/format/test_archs.py`` asserts it; ``python -m
 moa_cpp.testing.arch_check`` prints the table of errors reached, docs/architectures.md).
 Needs the ``test`` extra (torch, transformers).
 """
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..arch import unpermute_last_axis
-from . import tiny_archs
+from moa_cpp.format.arch import unpermute_last_axis
+from moa_cpp.testing import tiny_archs
 
 PROMPT_LEN = 20          # longer than the sliding windows of the specs (8): their masks matter
 # F32 on both sides: llama.cpp's and torch's kernels sum in other orders (seen: <= 2e-5 on
@@ -64,7 +64,7 @@ def hf_kv(hf_dir: Path, ids: list[int], model_class: str = "AutoModelForCausalLM
 
 def captured(gguf: Path, ids: list[int]):
     """(K, V [L, H, T, D], captured layer ids, rope type) of one decode of ``ids`` by llama.cpp."""
-    from ..target import Target
+    from moa_cpp.target.target import Target
 
     with Target.from_path(gguf, n_ctx=128, cache_type="f32", flash_attn=False) as tgt:
         tgt.decode(ids)

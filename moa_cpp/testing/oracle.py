@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..speculative.types import DraftConfig, Proposal, SamplingParams
+from moa_cpp.speculative.types import DraftConfig, Proposal, SamplingParams
 
 
 class OracleProposer:

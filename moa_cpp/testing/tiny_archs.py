@@ -1,6 +1,6 @@
 """Tiny random checkpoints of many architectures, made with ``transformers`` and turned into GGUF
 by llama.cpp's own converter: the outside reference of the per-architecture checks
-(``tests/test_archs.py``, docs/architectures.md).
+(``tests/format/test_archs.py``, docs/architectures.md).
 
 Each :data:`SPECS` row names a llama.cpp architecture (``general.architecture``) and the
 ``transformers`` config class (with its small sizes) whose ``*ForCausalLM`` llama.cpp's
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..models import cache_dir
+from moa_cpp.models.registry import cache_dir
 
 LLAMA_CPP_PYTHON = "0.3.36"
 VOCAB = 1024
@@ -206,7 +206,7 @@ def build(archs: list[str], timeout: float = 900) -> dict[str, dict]:
 # ---------------------------------------------------------------- the converter process
 
 def _texts(n: int = 1500) -> list[str]:
-    from ..train.sharegpt import iter_conversations
+    from moa_cpp.train.sharegpt import iter_conversations
 
     out = []
     for conv in iter_conversations():

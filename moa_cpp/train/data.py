@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from .prompts import Prompt, load_prompts, user_prefix
+from moa_cpp.train.prompts import Prompt, load_prompts, user_prefix
 
 __all__ = ["DataSettings", "Dataset", "batched_generate", "generate_dataset", "load_dataset", "concat_datasets",
            "file_sha256"]
@@ -196,7 +196,7 @@ def generate_dataset(target_path: str | os.PathLike[str], out_dir: str | os.Path
     self-distilled dataset for ``target_path``. See the module docstring. ``prompt_files`` may hold
     ``sharegpt[:N]`` (see :func:`load_prompts`; ``eval_dir`` is its eval-overlap filter's; prompts in
     ``exclude`` are skipped)."""
-    from .exclusion import exclusion_sha256
+    from moa_cpp.train.exclusion import exclusion_sha256
 
     if exclude:
         settings = replace(settings, exclude_sha256=exclusion_sha256(exclude))
@@ -281,7 +281,7 @@ class _Rounds:
 
     def __init__(self, target_path: str | os.PathLike[str], st: DataSettings, rng: np.random.Generator,
                  deadline: Optional[float], log: Callable[[str], None]) -> None:
-        from ..target import Target
+        from moa_cpp.target.target import Target
 
         # Split KV cache: every sequence is independent, so each row attends only its own cells.
         self.tg = Target.from_path(target_path, n_ctx=st.n_ctx, n_threads=st.n_threads, n_batch=512,

@@ -14,12 +14,12 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .batches import make_batch
-from .data import Dataset
-from .devices import autocast
-from .features import FeatureStore, OnlineFeatures
-from .masks import bounded_masks
-from .model import MoaDrafter
+from moa_cpp.train.batches import make_batch
+from moa_cpp.train.data import Dataset
+from moa_cpp.train.devices import autocast
+from moa_cpp.train.features import FeatureStore, OnlineFeatures
+from moa_cpp.train.masks import bounded_masks
+from moa_cpp.train.model import MoaDrafter
 
 __all__ = ["eval_acceptance", "heldout_split"]
 

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
-from .conversation import Conversation, ReadStats
+from moa_cpp.train.conversation import Conversation, ReadStats
 
 __all__ = ["EvalIndex", "default_eval_dir", "drop_prompts", "exclusion_sha256", "filter_eval_overlap", "normalize",
            "prompt_key", "read_prompt_keys"]

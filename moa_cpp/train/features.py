@@ -11,9 +11,9 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from .data import Dataset
-from .devices import autocast
-from .target_torch import TargetFeatures, TorchTarget
+from moa_cpp.train.data import Dataset
+from moa_cpp.train.devices import autocast
+from moa_cpp.train.target_torch import TargetFeatures, TorchTarget
 
 __all__ = ["FeatureStore", "OnlineFeatures", "cache_matches", "compute_features"]
 

@@ -32,8 +32,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from .data import Dataset
-from .features import FeatureStore, cache_matches
+from moa_cpp.train.data import Dataset
+from moa_cpp.train.features import FeatureStore, cache_matches
 
 __all__ = ["GgufHead", "compute_features_llama", "feature_batch_rows"]
 
@@ -55,14 +55,14 @@ class GgufHead:
     def from_gguf(cls, path: str | os.PathLike[str]) -> "GgufHead":
         import gguf
 
-        from ..convert.target_gguf import read_target
+        from moa_cpp.convert.target_gguf import read_target
 
         info = read_target(path)        # sizes read and checked once (memoised: the CLI read it already)
         d = info.n_embd
         r = gguf.GGUFReader(str(path))
         tensors = {t.name: t for t in r.tensors if t.name in ("token_embd.weight", "output.weight")}
         if "token_embd.weight" not in tensors:
-            from ..errors import FormatError
+            from moa_cpp.errors import FormatError
             raise FormatError(f"{path}: no token_embd.weight tensor")
 
         def load(name: str) -> torch.Tensor:
@@ -99,8 +99,8 @@ def compute_features_llama(target_path: str, ds: Dataset, cache_dir: Optional[Pa
     import llama_cpp
     from tqdm import tqdm
 
-    from ..convert.target_gguf import read_target
-    from ..target import Target
+    from moa_cpp.convert.target_gguf import read_target
+    from moa_cpp.target.target import Target
 
     n_tok = len(ds.tokens)
     if cache_dir is not None:

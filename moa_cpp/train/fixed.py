@@ -29,10 +29,10 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
-from ..atomic import write_text_atomic
-from . import exclusion as ex
-from . import sharegpt as sg
-from .data import Dataset, file_sha256, load_dataset, settings_match
+from moa_cpp.atomic import write_text_atomic
+from moa_cpp.train import exclusion as ex
+from moa_cpp.train import sharegpt as sg
+from moa_cpp.train.data import Dataset, file_sha256, load_dataset, settings_match
 
 __all__ = ["FixedSettings", "fixed_answer_dataset"]
 
@@ -134,7 +134,7 @@ def _tokenized_pairs(target_path: Union[str, os.PathLike], pool: list, st: Fixed
     limits: (sequences, prompt lengths, prompts.jsonl records, counts of what was skipped or cut)."""
     from tqdm import tqdm
 
-    from ..target import Target
+    from moa_cpp.target.target import Target
 
     tg = Target.from_path(target_path, n_ctx=512, n_threads=1, install_callback=False)
     seqs, plens, kept = [], [], []

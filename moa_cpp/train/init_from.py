@@ -26,9 +26,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import FormatError, MismatchError, MoaIOError
-from ..gguf_names import D2T, OPTIONAL_HF, Keys, tensor_map
-from .data import file_sha256
+from moa_cpp.errors import FormatError, MismatchError, MoaIOError
+from moa_cpp.format.names import D2T, OPTIONAL_HF, Keys, tensor_map
+from moa_cpp.train.data import file_sha256
 
 __all__ = ["DrafterWeights", "read_drafter", "to_model", "check_compatible", "next_record", "SIZE_KEYS"]
 
@@ -117,8 +117,8 @@ def read_drafter(path: str | os.PathLike[str]) -> DrafterWeights:
 def to_model(dw: DrafterWeights, target_path: str | os.PathLike[str], tt: Any) -> Any:
     """The drafter as a torch :class:`~moa_cpp.train.model.MoaDrafter` over ``tt``'s frozen
     embedding / LM head (``tt``: the :class:`TorchTarget` of ``target_path``; TLI not attached)."""
-    from ..drafter_spec import spec_from_target
-    from .model import MoaDrafter
+    from moa_cpp.format.drafter_spec import spec_from_target
+    from moa_cpp.train.model import MoaDrafter
 
     m = MoaDrafter(spec_from_target(target_path, **dw.sizes), tt.embed.data,
                    None if tt.lm_head is tt.embed else tt.lm_head.data, d2t=dw.d2t)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .devices import autocast
-from .masks import bounded_masks
-from .model import MoaDrafter
+from moa_cpp.train.devices import autocast
+from moa_cpp.train.masks import bounded_masks
+from moa_cpp.train.model import MoaDrafter
 
 __all__ = ["loss_fn", "off_path_rows", "off_target_rows"]
 

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..drafter_spec import DrafterSpec
-from .target_torch import TorchTarget, apply_rope, rope_cos_sin
+from moa_cpp.format.drafter_spec import DrafterSpec
+from moa_cpp.train.target_torch import TorchTarget, apply_rope, rope_cos_sin
 
 __all__ = ["MoaDrafter", "DecoderLayer", "spec_from_config"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .settings import TrainSettings
+from moa_cpp.train.settings import TrainSettings
 
 __all__ = ["Optimizers", "make_optimizer"]
 

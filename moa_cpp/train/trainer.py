@@ -45,22 +45,22 @@ from typing import TYPE_CHECKING, Callable, Optional
 import numpy as np
 import torch
 
-from ..atomic import write_atomic
-from ..drafter_spec import DrafterSpec
-from ..errors import InvalidArgumentError
-from .batches import make_batch
-from .data import Dataset
-from .evaluate import eval_acceptance, heldout_split
-from .features import FeatureStore, OnlineFeatures
-from .loss import loss_fn
-from .model import MoaDrafter
-from .optim import make_optimizer
-from .packing import bucket_by_length, pack_batches, padding_share
-from .settings import TrainSettings, lr_at
-from .target_torch import TorchTarget
+from moa_cpp.atomic import write_atomic
+from moa_cpp.format.drafter_spec import DrafterSpec
+from moa_cpp.errors import InvalidArgumentError
+from moa_cpp.train.batches import make_batch
+from moa_cpp.train.data import Dataset
+from moa_cpp.train.evaluate import eval_acceptance, heldout_split
+from moa_cpp.train.features import FeatureStore, OnlineFeatures
+from moa_cpp.train.loss import loss_fn
+from moa_cpp.train.model import MoaDrafter
+from moa_cpp.train.optim import make_optimizer
+from moa_cpp.train.packing import bucket_by_length, pack_batches, padding_share
+from moa_cpp.train.settings import TrainSettings, lr_at
+from moa_cpp.train.target_torch import TorchTarget
 if TYPE_CHECKING:
-    from .init_from import DrafterWeights
-from .vocab import draft_vocab, vocab_coverage
+    from moa_cpp.train.init_from import DrafterWeights
+from moa_cpp.train.vocab import draft_vocab, vocab_coverage
 
 __all__ = ["Trainer", "TrainSettings"]
 

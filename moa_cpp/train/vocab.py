@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .data import Dataset
+from moa_cpp.train.data import Dataset
 
 __all__ = ["draft_vocab", "response_tokens", "vocab_coverage"]
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from ..types import DraftConfig
-from .draft_model import DraftModelProposer
-from .hybrid import HybridProposer, merge
-from .moa import MoAProposer
-from .ngram import DEFAULT_N_MAX, DEFAULT_N_MIN, NgramProposer
+from moa_cpp.speculative.types import DraftConfig
+from moa_cpp.speculative.proposers.draft_model import DraftModelProposer
+from moa_cpp.speculative.proposers.hybrid import HybridProposer, merge
+from moa_cpp.speculative.proposers.moa import MoAProposer
+from moa_cpp.speculative.proposers.ngram import DEFAULT_N_MAX, DEFAULT_N_MIN, NgramProposer
 
 __all__ = ["DraftModelProposer", "HybridProposer", "MoAProposer", "NgramProposer", "NgramSettings", "SPEC_TYPES",
            "make_proposer", "merge", "parse_spec_type"]
@@ -56,11 +56,11 @@ def parse_spec_type(spec: Union[str, Sequence[str], None]) -> tuple:
 
 def _followable(kinds: tuple, target) -> tuple:
     """``kinds`` less what ``target``'s architecture cannot take, each refusal said in one line
-    (moa_cpp.arch: a recurrent state that cannot roll back decodes plainly; the drafter needs
+    (moa_cpp.format.arch: a recurrent state that cannot roll back decodes plainly; the drafter needs
     attention K/V)."""
     import logging
 
-    from ...arch import drafter_refusal, speculation_refusal
+    from moa_cpp.format.arch import drafter_refusal, speculation_refusal
 
     arch = getattr(target, "arch", "?")
     why = speculation_refusal(arch, getattr(target, "recurrent", False), getattr(target, "hybrid", False),
@@ -81,12 +81,12 @@ def make_proposer(kinds: Union[str, Sequence[str], None], target, config: DraftC
                   ngram: NgramSettings = NgramSettings(), n_draft_max: int = N_DRAFT_MAX):
     """The proposer of ``kinds`` (see :func:`parse_spec_type`) for ``target``, or None (plain).
 
-    ``drafter``: a :class:`~moa_cpp.drafter.DrafterModel` (``moa``; its state holds ``n_ctx``
+    ``drafter``: a :class:`~moa_cpp.drafter.drafter.DrafterModel` (``moa``; its state holds ``n_ctx``
     positions, default the target's, and ``n_draft_max`` draft rows); ``draft_model``: the path
     of a small LLM GGUF (``draft``, loaded in its own context like the target's). ``target`` may
     be None where no target runs here (the remote client: ``moa`` needs ``n_ctx`` then)."""
-    from ...drafter import DrafterState
-    from ...errors import InvalidArgumentError
+    from moa_cpp.drafter.drafter import DrafterState
+    from moa_cpp.errors import InvalidArgumentError
 
     kinds = parse_spec_type(kinds)
     if target is not None and kinds:

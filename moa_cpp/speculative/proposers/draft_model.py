@@ -12,7 +12,7 @@ Example::
 
     from moa_cpp.speculative import DraftConfig, SpeculativeLoop
     from moa_cpp.speculative.proposers import DraftModelProposer
-    from moa_cpp.target import Target
+    from moa_cpp.target.target import Target
 
     target = Target.from_path("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
     prop = DraftModelProposer.from_path("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", target=target)
@@ -27,10 +27,10 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from ...errors import InvalidArgumentError, MoaError
-from ...target import Target
-from ..types import DraftConfig, Proposal, SamplingParams
-from ..verify import probs_from_logits
+from moa_cpp.errors import InvalidArgumentError, MoaError
+from moa_cpp.target.target import Target
+from moa_cpp.speculative.types import DraftConfig, Proposal, SamplingParams
+from moa_cpp.speculative.verify import probs_from_logits
 
 # Probe strings for the tokenizer check: prose, code, digits, whitespace, non-ASCII.
 _PROBES = ("The quick brown fox jumps over the lazy dog.",

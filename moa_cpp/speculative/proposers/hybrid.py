@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..types import DraftConfig, Proposal, SamplingParams
+from moa_cpp.speculative.types import DraftConfig, Proposal, SamplingParams
 
 
 def merge(proposals: Sequence[Proposal], order: Sequence[int], max_nodes: int) -> Proposal:

@@ -10,9 +10,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ...drafter import DrafterState
-from ..types import DraftConfig, Proposal, SamplingParams
-from ..verify import probs_from_logits
+from moa_cpp.drafter.drafter import DrafterState
+from moa_cpp.speculative.types import DraftConfig, Proposal, SamplingParams
+from moa_cpp.speculative.verify import probs_from_logits
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

@@ -29,8 +29,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ...errors import InvalidArgumentError, MoaError
-from ..types import DraftConfig, Proposal, SamplingParams
+from moa_cpp.errors import InvalidArgumentError, MoaError
+from moa_cpp.speculative.types import DraftConfig, Proposal, SamplingParams
 
 DEFAULT_N_MIN = 1
 DEFAULT_N_MAX = 3
