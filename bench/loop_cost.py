@@ -264,18 +264,19 @@ def measure_engine(name: str, n_slots: int, args, peers: Optional[Path]) -> dict
     qs = [q for _, q in zip(range(n_slots), (q for s in SETS for q in eval_prompts(Path(EVAL_DIR), [s], n_slots)))]
     base, engine = batched_slots(ServerSettings(model=model, parallel=n_slots, n_ctx=1024, threads=T), model)
     hooks = Hooks()
-    rounds = []
+    rounds, whole = [], []
     try:
         gens = [SpeculativeGenerator(engine.slot(i)) for i in range(n_slots)]
         pp = round(sum(len(g.encode(q, chat=True)) for g, q in zip(gens, qs)) / n_slots)
 
-        def turn() -> tuple:
+        def turn(cache_prompt: bool = True) -> tuple:
             res: list = [None] * n_slots
 
             def slot(i):
                 engine.enter(i)
                 try:
-                    res[i] = gens[i].generate(qs[i], chat=True, max_tokens=n, ignore_eos=True)
+                    res[i] = gens[i].generate(qs[i], chat=True, max_tokens=n, ignore_eos=True,
+                                              cache_prompt=cache_prompt)
                 finally:
                     engine.leave(i)
             th = [threading.Thread(target=slot, args=(i,)) for i in range(n_slots)]
@@ -294,6 +295,12 @@ def measure_engine(name: str, n_slots: int, args, peers: Optional[Path]) -> dict
             calls = hooks.calls["decode"]
             rounds.append({"wall": wall, "tokens": toks, "tok_s": toks / wall, "decode_calls": len(calls),
                            "t_decode": sum(d for _, d in calls), "cached": [r.stats.n_cached for r in res]})
+            # the whole requests: every prompt prefilled again beside the others' decoding, as a
+            # server's clients arrive (llama-batched-bench: pp of all prompts, then tg)
+            wall, res = turn(cache_prompt=False)
+            calls = hooks.calls["decode"]
+            whole.append({"wall": wall, "tokens": sum(r.stats.n_generated for r in res), "decode_calls": len(calls),
+                          "t_decode": sum(d for _, d in calls), "t_prefill": [r.stats.t_prefill for r in res]})
     finally:
         hooks.close()
         # the engine's decode thread ends here, and its OpenMP pool with it: a pool left behind
@@ -309,14 +316,22 @@ def measure_engine(name: str, n_slots: int, args, peers: Optional[Path]) -> dict
         for _ in range(max(1, args.engine_rounds)):
             _, out, _ = run_proc(cmd, args.timeout)
             r = [json.loads(x) for x in out.splitlines() if x.startswith("{")][-1]
-            peer.append(r["speed_tg"])
+            peer.append(r)
     best = max(rounds, key=lambda r: r["tok_s"])
     sets = best["tokens"] / n_slots
     doc = {"target": name, "slots": n_slots, "pp": pp, "tg": n, "rounds": rounds, "tok_s": best["tok_s"],
            "ms_set": 1e3 * best["wall"] / sets, "ms_decode_set": 1e3 * best["t_decode"] / max(best["decode_calls"], 1),
-           "decode_calls_per_set": best["decode_calls"] / sets, "peer_tok_s": max(peer) if peer else None,
-           "peer_cmd": cmd}
+           "decode_calls_per_set": best["decode_calls"] / sets,
+           "peer_tok_s": max(r["speed_tg"] for r in peer) if peer else None, "peer_cmd": cmd, "peer": peer}
+    # whole requests (prefill + decode), best round each side: seconds for all N requests
+    w = min(whole, key=lambda r: r["wall"])
+    doc.update(whole=whole, whole_s=w["wall"], whole_calls=w["decode_calls"], whole_decode_s=w["t_decode"],
+               peer_whole_s=min(r["t"] for r in peer) if peer else None,
+               peer_pp_s=min(r["t_pp"] for r in peer) if peer else None)
     doc["ms_engine_set"] = doc["ms_set"] - 1e3 * best["t_decode"] / sets
+    print(f"[engine {name} x{n_slots}] whole requests: ours {doc['whole_s']:.2f} s ({doc['whole_calls']} decode calls, "
+          f"{doc['whole_decode_s']:.2f} s in llama_decode), llama-batched-bench {doc['peer_whole_s'] or 0:.2f} s "
+          f"(pp {doc['peer_pp_s'] or 0:.2f} s)", flush=True)
     print(f"[engine {name} x{n_slots}] ours {doc['tok_s']:.1f} tok/s (best of {len(rounds)}), "
           f"llama-batched-bench {doc['peer_tok_s'] or 0:.1f}; ms/set {doc['ms_set']:.2f}, "
           f"in llama_decode {1e3 * best['t_decode'] / sets:.2f}", flush=True)
@@ -329,12 +344,20 @@ def md_engine(rows: list) -> str:
               f"{r['ms_set'] - r['ms_engine_set']:.2f}", f"**{r['ms_engine_set']:.2f}**",
               f"{r['decode_calls_per_set']:.2f}"] for r in rows]
     cmd = next((r["peer_cmd"] for r in rows if r["peer_cmd"]), None)
+    whole = [[r["target"], r["slots"], f"{r['whole_s']:.3f}", f"{r['peer_whole_s']:.3f}" if r["peer_whole_s"] else "",
+              f"{r['peer_whole_s'] / r['whole_s']:.3f}" if r["peer_whole_s"] else "", r["whole_calls"],
+              f"{r['whole_decode_s']:.3f}", f"{r['whole_s'] - r['whole_decode_s']:.3f}",
+              f"{r['peer_pp_s']:.3f}" if r["peer_pp_s"] else ""] for r in rows]
     return ("## The batching engine (no server): N slots decoding plainly\n\n"
             "Decode phase only (a first turn prefills; the timed turns reuse the prompts' cells), greedy, "
             "`ignore_eos`, best of the rounds each side. A set = one token for every slot. "
             "Engine's own = ms per set outside `llama_decode`.\n\n" +
             md_table(["target", "slots", "ours tok/s", "llama-batched-bench S_TG", "ratio", "ms per set",
                       "in llama_decode", "engine's own", "llama_decode calls per set"], table) +
+            "\nWhole requests (every prompt prefilled again beside the others' decoding, then decoded; "
+            "llama-batched-bench: its T = prefill of all prompts + decode), seconds for the N requests:\n\n" +
+            md_table(["target", "slots", "ours s", "llama-batched-bench T s", "ratio", "our llama_decode calls",
+                      "ours in llama_decode s", "ours outside s", "llama-batched-bench T_PP s"], whole) +
             (f"\nllama-batched-bench: `{shlex.join(cmd)}`\n" if cmd else "\n"))
 
 

@@ -5,11 +5,16 @@ and ``-hf user/repo[:quant]`` names (``hf``).
 from __future__ import annotations
 
 
+import importlib
+
+
 def __getattr__(name: str):
-    # moa_cpp.models.<name> for the registry's functions (moa_cpp.models.smollm2_path(), ...)
-    if name.startswith("__"):
+    # moa_cpp.models.<name> for the registry's functions (moa_cpp.models.smollm2_path(), ...).
+    # Never for a submodule's name: ``from moa_cpp.models import registry`` asks this package for
+    # it first, and must then import the submodule (a lookup here would recurse).
+    if name.startswith("__") or name in ("registry", "defaults", "hf"):
         raise AttributeError(name)
-    from moa_cpp.models import registry
+    registry = importlib.import_module("moa_cpp.models.registry")
     try:
         return getattr(registry, name)
     except AttributeError:
