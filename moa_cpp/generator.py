@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -29,16 +30,42 @@ from moa_cpp.drafter.drafter import DrafterModel
 from moa_cpp.llama_compat import (CHAT_NOOP, NOOP, chat_chunks, chat_messages, chat_response, llama_sampling,
                            refuse_unsupported, stop_list, tool_chunks, tool_response)
 from moa_cpp.speculative.loop import SpeculativeLoop
-from moa_cpp.speculative.proposers import NgramSettings, make_proposer, moa_state, parse_spec_type
+from moa_cpp.speculative.proposers import (NgramSettings, make_proposer, moa_state, parse_spec_type,
+                                           resolve_spec_type)
 from moa_cpp.speculative.types import DraftConfig, SamplingParams, SpecStats
 from moa_cpp.streaming import GenerationResult, PendingLogprobs, Piece, held_back
 from moa_cpp.structured import grammar_text, request_grammar
 from moa_cpp.target.target import Target
 from moa_cpp.token_spans import TokenSpans
 
-__all__ = ["GenerationResult", "Piece", "SpeculativeGenerator", "parse_draft"]
+__all__ = ["GenerationRequest", "GenerationResult", "Piece", "SpeculativeGenerator", "parse_draft"]
 
 Prompt = Union[str, Sequence[int]]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation, typed once (vLLM's ``SamplingParams`` + the draft setting): what
+    :meth:`SpeculativeGenerator.stream_request` runs. The keyword API (:meth:`~SpeculativeGenerator.generate`,
+    :meth:`~SpeculativeGenerator.stream_steps`) and the server build it;
+    :meth:`SpeculativeGenerator.sampling_params` checks the sampling values.
+
+    ``prompt``: text, token ids, or chat messages (``chat=True``: the GGUF's chat template,
+    with ``tools`` where the template renders them). ``draft``: this call's draft shape (None:
+    the generator's). ``logprobs``: each token's logprob and this many alternatives (None: off).
+    ``cache_prompt``: reuse the prefix the caches hold (llama.cpp's name). ``token_spans``: fill
+    :attr:`Piece.spans` (who chose each token)."""
+
+    prompt: Any
+    max_tokens: int = 256
+    sampling: SamplingParams = SamplingParams()
+    draft: Optional[DraftConfig] = None
+    stop: tuple = ()
+    chat: bool = False
+    logprobs: Optional[int] = None
+    cache_prompt: bool = True
+    token_spans: bool = False
+    tools: Optional[tuple] = None
 
 
 class SpeculativeGenerator:
@@ -59,7 +86,8 @@ class SpeculativeGenerator:
                  draft_min: int = 0) -> None:
         self.target = target
         self.drafter = drafter
-        kinds = parse_spec_type(spec_type) if spec_type is not None else (("moa",) if drafter is not None else ())
+        kinds = resolve_spec_type(spec_type, drafter=drafter is not None, draft_model=False) \
+            if proposer is None else parse_spec_type(spec_type)
         has_proposer = bool(kinds) or proposer is not None
         self.draft = parse_draft(draft) if has_proposer else DraftConfig("none")
         if proposer is None:
@@ -89,9 +117,7 @@ class SpeculativeGenerator:
         :meth:`Target.from_path` keywords (``n_batch``, ``use_mlock``, ``chat_template``, ...)."""
         if drafter_path is not None and draft_model is not None:
             raise ValueError("pass an MoA drafter or a draft model, not both")
-        if spec_type is None:
-            spec_type = "moa" if drafter_path is not None else "draft" if draft_model is not None else None
-        kinds = parse_spec_type(spec_type)
+        kinds = resolve_spec_type(spec_type, drafter=drafter_path is not None, draft_model=draft_model is not None)
         target = Target.from_path(target_path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, rpc=rpc,
                                   **(target_options or {}))
         try:
@@ -149,21 +175,29 @@ class SpeculativeGenerator:
         generator's caches hold from its previous generation (a chat's earlier turns).
         ``token_spans``: fill :attr:`Piece.spans` (each piece split by token, with who chose each
         token: :mod:`moa_cpp.token_spans`; the server's chat page asks for it)."""
-        ids = self.encode(prompt, chat)
+        req = GenerationRequest(prompt, max_tokens, self.sampling_params(
+            temperature, top_k, top_p, seed, ignore_eos, min_p, repeat_penalty, frequency_penalty, presence_penalty,
+            repeat_last_n, logit_bias, grammar), parse_draft(draft) if draft is not None else None, tuple(stop), chat,
+            logprobs, cache_prompt, token_spans)
+        yield from self.stream_request(req)
+
+    def stream_request(self, req: GenerationRequest) -> Iterator[Piece]:
+        """:meth:`stream_steps` of a typed request (the server's path: its request is checked and
+        typed once, then run here)."""
+        ids = self.encode(req.prompt, req.chat, list(req.tools) if req.tools else None)
         self._last_prompt = ids
-        sp = self._sampling(temperature, top_k, top_p, seed, ignore_eos, min_p, repeat_penalty, frequency_penalty,
-                            presence_penalty, repeat_last_n, logit_bias, grammar)
-        cfg = parse_draft(draft) if draft is not None and self.proposer is not None else None
-        stop = [s for s in stop if s]
+        sp, max_tokens, logprobs = req.sampling, req.max_tokens, req.logprobs
+        cfg = req.draft if self.proposer is not None else None
+        stop = [s for s in req.stop if s]
         shown = 0          # characters of the text handed out so far
         stats = None
         render = self.target.text_stream()
         lps = PendingLogprobs(self.target)
-        spans = TokenSpans(self.target) if token_spans else None
+        spans = TokenSpans(self.target) if req.token_spans else None
 
         def split(text: str) -> list:
             return spans.split(text) if spans is not None else []
-        for ev in self.loop.run(ids, max_tokens, sp, cfg, logprobs, reuse=cache_prompt):
+        for ev in self.loop.run(ids, max_tokens, sp, cfg, logprobs, reuse=req.cache_prompt):
             stats = ev.stats
             if not ev.tokens:
                 continue
@@ -189,10 +223,13 @@ class SpeculativeGenerator:
                 yield Piece([], tail, lps.rest(), split(tail))
         self.last_stats = stats
 
-    def _sampling(self, temperature: float, top_k: int, top_p: float, seed: Optional[int], ignore_eos: bool,
-                  min_p: float, repeat_penalty: float, frequency_penalty: float, presence_penalty: float,
-                  repeat_last_n: int, logit_bias: Optional[dict], grammar: Any = None) -> SamplingParams:
-        """The settings, checked (a bad value is a ValueError, never a NaN distribution)."""
+    def sampling_params(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                        seed: Optional[int] = None, ignore_eos: bool = False, min_p: float = 0.0,
+                        repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                        repeat_last_n: int = 64, logit_bias: Optional[dict] = None,
+                        grammar: Any = None) -> SamplingParams:
+        """The sampling settings (llama.cpp's names), checked against this target (a bad value is
+        a ValueError, never a NaN distribution) and typed once for a :class:`GenerationRequest`."""
         if not (temperature >= 0 and top_k >= 0 and 0 < top_p <= 1 and 0 <= min_p <= 1 and repeat_penalty > 0
                 and repeat_last_n >= -1 and all(math.isfinite(x) for x in (frequency_penalty, presence_penalty,
                                                                               repeat_penalty))):

@@ -228,3 +228,21 @@ def test_greedy_with_penalties_and_bias_equals_llama_cpp_python(gen, llm, kw):
     got = gen.create_completion(prompt, temperature=0, max_tokens=32, **kw)
     assert ref != plain                                        # the settings do change the answer
     assert got["choices"][0]["text"] == ref and got["moa"]["target_calls"] < got["usage"]["completion_tokens"]
+
+
+def test_typed_request_is_the_keyword_api(gen):
+    """The server's path: one typed GenerationRequest (sampling checked once by sampling_params,
+    the draft setting parsed once) gives what the keyword API gives; a bad value is refused when
+    the request is typed, before anything runs."""
+    from moa_cpp.generator import GenerationRequest
+    from moa_cpp.speculative.draft_setting import parse_draft
+    prompt = "List three colors."
+    for kw in (dict(temperature=0.0), dict(temperature=0.8, top_k=40, top_p=0.95, seed=7, min_p=0.05)):
+        want = gen.generate(prompt, chat=True, max_tokens=24, draft="chain:3", **kw)
+        req = GenerationRequest(prompt, 24, gen.sampling_params(**kw), parse_draft("chain:3"), chat=True)
+        pieces = list(gen.stream_request(req))
+        assert [t for p in pieces for t in p.tokens] == want.tokens
+        assert "".join(p.text for p in pieces) == want.text
+        assert gen.last_stats.finish_reason == want.stats.finish_reason
+    with pytest.raises(ValueError, match="out of range"):
+        gen.sampling_params(temperature=0.8, top_p=0.0)

@@ -87,23 +87,16 @@ def ngram_settings(n_min: int, n_max: int):
 
 
 def resolve_spec_type(requested, drafter, draft_model, no_draft: bool) -> tuple:
-    """Who drafts, as :func:`~moa_cpp.speculative.proposers.parse_spec_type` kinds: ``requested``
-    (``--spec-type``) if given, else ``moa`` with an MoA drafter, ``draft`` with a draft model,
-    ``ngram`` (prompt lookup, free) with neither; () when drafting is off."""
+    """Who drafts for ``moa-cpp generate`` / ``serve`` (``--spec-type``; ``no_draft``: nobody):
+    :func:`~moa_cpp.speculative.proposers.resolve_spec_type` with prompt lookup (``ngram``,
+    free) where neither an MoA drafter nor a draft model is given."""
     from moa_cpp.errors import InvalidArgumentError
-    from moa_cpp.speculative.proposers import parse_spec_type
+    from moa_cpp.speculative.proposers import resolve_spec_type as resolve
 
     if no_draft:
         return ()
-    if requested is None:
-        return ("moa",) if drafter is not None else ("draft",) if draft_model is not None else ("ngram",)
     try:
-        kinds = parse_spec_type(requested)
+        return resolve(requested, drafter=drafter is not None, draft_model=draft_model is not None,
+                       fallback=("ngram",))
     except ValueError as e:
         raise InvalidArgumentError(f"--spec-type: {e}") from None
-    if "moa" in kinds and drafter is None:
-        raise InvalidArgumentError("--spec-type moa needs an MoA drafter (-d/--drafter; the embedded one without -m)")
-    if "draft" in kinds and draft_model is None:
-        raise InvalidArgumentError("--spec-type draft needs a draft model (-md/--draft-model: a small LLM GGUF with "
-                                   "the target's tokenizer)")
-    return kinds

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from moa_cpp.errors import MoaError
-from moa_cpp.generator import parse_draft
+from moa_cpp.generator import GenerationRequest, parse_draft
 from moa_cpp.server.auth import KeyChecker, offered_key
 from moa_cpp.server.body import read_json_body, until_disconnect
 from moa_cpp.server.errors import APIError, bad_request
@@ -31,6 +31,8 @@ from moa_cpp.server.extras import TextUtilities
 from moa_cpp.server.hosts import HostMiddleware, allowed_hosts
 from moa_cpp.logprobs import LogprobWriter
 from moa_cpp.speculative.grammar import Grammar
+from moa_cpp.speculative.types import DraftConfig
+from moa_cpp.streaming import Piece
 from moa_cpp.tools import ToolPlan, assistant_message, may_be_call, stream_delta
 from moa_cpp.server.metrics import ServerMetrics
 from moa_cpp.server.remote_routes import RemoteAPI
@@ -38,7 +40,7 @@ from moa_cpp.server.schemas import ChatRequest, CompletionRequest, parse_body
 from moa_cpp.server.sessions import SessionPool, model_id
 from moa_cpp.server.settings import ServerSettings
 from moa_cpp.server.ui import PUBLIC_PATHS, ChatPage
-from moa_cpp.server.worker import GenParams, Job
+from moa_cpp.server.worker import Cancelled, Done, Failed, GenParams, Job
 
 log = logging.getLogger("moa_cpp.server")
 
@@ -92,7 +94,7 @@ class Server:
 
     # ------------------------------------------------------------------ request -> params
 
-    def _draft_override(self, req: Any) -> Optional[str]:
+    def _draft_override(self, req: Any) -> Optional[DraftConfig]:
         if req.moa is None or req.moa.draft is None:
             return None
         cfg = parse_draft(req.moa.draft)
@@ -108,7 +110,7 @@ class Server:
         if cfg.mode == "tree" and (cfg.total > s.max_tree_nodes or cfg.depth > 16 or cfg.topk > 16):
             raise bad_request(f"moa.draft: trees up to {s.max_tree_nodes} nodes, depth 16, top-k 16",
                               param="moa.draft")
-        return str(cfg)
+        return cfg
 
     def params(self, req: Any, chat: bool) -> GenParams:
         limit = req.token_limit if chat else req.max_tokens
@@ -118,21 +120,31 @@ class Server:
             raise bad_request(f"max_tokens is {limit}; this server allows at most {self.max_tokens_limit}",
                               param="max_tokens")
         prompt = req.message_dicts() if chat else req.prompt_value()
-        sampling = req.sampling_extras(self.n_vocab)
-        tools = req.tool_plan(self.pool.sessions[0].gen.target.chat_template_text) if chat else ToolPlan()
+        extras = req.sampling_extras(self.n_vocab)
+        gen = self.pool.sessions[0].gen
+        tools = req.tool_plan(gen.target.chat_template_text) if chat else ToolPlan()
+        grammar = extras["grammar"]
         if tools.grammar is not None:
-            if sampling["grammar"] is not None:
+            if grammar is not None:
                 raise bad_request("a forced tool call (tool_choice) and grammar / json_schema / response_format each "
                                   "constrain the output: give one of them", param="tool_choice")
-            sampling["grammar"] = tools.grammar
-        if sampling["grammar"] is not None:
+            grammar = tools.grammar
+        if grammar is not None:
             try:     # parsed here, so that a bad grammar is a 400 before any stream starts
-                Grammar.compile(self.pool.sessions[0].gen.target, sampling["grammar"]).close()
+                Grammar.compile(gen.target, grammar).close()
             except ValueError as e:
                 raise bad_request(str(e), param="grammar") from None
-        return GenParams(prompt, chat, limit, req.temperature, req.top_k, req.top_p, req.seed_or_none,
-                         req.stops, self._draft_override(req), req.ignore_eos, req.n_logprobs, sampling,
-                         tools.tools, tools)
+        try:         # typed and checked once: the engine runs exactly this
+            sampling = gen.sampling_params(req.temperature, req.top_k, req.top_p, req.seed_or_none, req.ignore_eos,
+                                           extras["min_p"], extras["repeat_penalty"], extras["frequency_penalty"],
+                                           extras["presence_penalty"], extras["repeat_last_n"], extras["logit_bias"],
+                                           grammar)
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        request = GenerationRequest(prompt, limit, sampling, self._draft_override(req), tuple(req.stops), chat,
+                                    req.n_logprobs, bool(extras["cache_prompt"]), True,
+                                    tuple(tools.tools) if tools.tools else None)
+        return GenParams(request, tools)
 
 
 def _error_of(exc: BaseException) -> APIError:
@@ -160,10 +172,10 @@ class _Completion:
         self.id = (f"chatcmpl-{uuid.uuid4().hex}" if chat else f"cmpl-{uuid.uuid4().hex}")
         self.created = int(time.time())
         self.model = srv.model
-        self.draft = params.draft or (str(srv.pool.sessions[0].gen.draft))
+        self.draft = str(params.request.draft or srv.pool.sessions[0].gen.draft)
         self.n_prompt = 0
         self.n_cached = 0          # prompt tokens the session's KV cache already held
-        self.logprobs = LogprobWriter(srv.pool.sessions[0].gen.target, chat) if params.logprobs is not None else None
+        self.logprobs = LogprobWriter(srv.pool.sessions[0].gen.target, chat) if params.request.logprobs is not None else None
         self.tools = params.tool_plan           # answers read as tool calls (chat with tools)
 
     def _head(self, chunk: bool) -> dict:
@@ -224,7 +236,8 @@ def _prefix_key(srv: Server, params: GenParams) -> Any:
     again) less the cached tokens past it (another conversation, evicted). A conversation's next
     turn goes back to its session; a new one that shares only a system prompt with a held
     conversation goes to a free session rather than evicting it. None where it cannot matter."""
-    if len(srv.pool.sessions) < 2 or not params.sampling.get("cache_prompt", True):
+    r = params.request
+    if len(srv.pool.sessions) < 2 or not r.cache_prompt:
         return None
 
     ids: list = []       # the prompt, encoded once (by the first session asked)
@@ -232,7 +245,7 @@ def _prefix_key(srv: Server, params: GenParams) -> Any:
     def key(session: Any) -> int:
         if not ids:
             try:
-                ids.append(session.gen.encode(params.prompt, params.chat, params.tools))
+                ids.append(session.gen.encode(r.prompt, r.chat, list(r.tools) if r.tools else None))
             except Exception:        # the worker reports it
                 ids.append(None)
         if not ids[0]:
@@ -258,9 +271,9 @@ async def _generate(srv: Server, request: Request, model: type, chat: bool) -> R
     try:
         job.start(srv.executor)
         ev = await until_disconnect(request, job.events.get())
-        if ev[0] == "error":
-            raise _error_of(ev[1])
-        out.n_prompt = ev[1]
+        if isinstance(ev, Failed):
+            raise _error_of(ev.error)
+        out.n_prompt = ev.n_prompt          # Ready
     except BaseException:
         job.cancel()
         srv.jobs.discard(job)
@@ -297,18 +310,19 @@ async def _collect(srv: Server, job: Job, out: _Completion) -> dict:
     pieces, n, lps = [], 0, []
     while True:
         ev = await job.events.get()
-        if ev[0] == "piece":
-            n += len(ev[1])
-            pieces.append(ev[2])
-            lps += ev[3]
-        elif ev[0] == "done":
-            out.n_cached = ev[1].n_cached
-            srv.metrics.observe(out.route, ev[1])
-            return out.whole("".join(pieces), n, ev[1].finish_reason or "length", ev[1], lps)
-        elif ev[0] == "cancelled":
+        if isinstance(ev, Piece):
+            n += len(ev.tokens)
+            pieces.append(ev.text)
+            lps += ev.logprobs
+        elif isinstance(ev, Done):
+            st = ev.stats
+            out.n_cached = st.n_cached
+            srv.metrics.observe(out.route, st)
+            return out.whole("".join(pieces), n, st.finish_reason or "length", st, lps)
+        elif isinstance(ev, Cancelled):
             raise APIError(503, "the server is shutting down; the generation was stopped", code="server_shutdown")
-        elif ev[0] == "error":
-            raise _error_of(ev[1])
+        elif isinstance(ev, Failed):
+            raise _error_of(ev.error)
 
 
 async def _stream(srv: Server, job: Job, out: _Completion, include_usage: bool) -> AsyncIterator[bytes]:
@@ -321,23 +335,23 @@ async def _stream(srv: Server, job: Job, out: _Completion, include_usage: bool) 
             yield _sse(out.chunk(None, first=True))
         while True:
             ev = await job.events.get()
-            if ev[0] == "piece":
-                n += len(ev[1])
+            if isinstance(ev, Piece):
+                n += len(ev.tokens)
                 if held is not None:
-                    held.append(ev[2])
+                    held.append(ev.text)
                     if may_be_call(out.tools, "".join(held)):
                         continue
-                    ev = (ev[0], ev[1], "".join(held), ev[3], None)
+                    ev = Piece(ev.tokens, "".join(held), ev.logprobs, [])
                     held = None
-                if ev[2] or (ev[3] and out.logprobs):
+                if ev.text or (ev.logprobs and out.logprobs):
                     # a piece's tokens travel with it (text held back for a stop string or a
                     # multi-byte character may come a chunk later than its tokens' logprobs)
-                    yield _sse(out.chunk(ev[2], lps=ev[3], spans=ev[4] if ev[2] else None))
+                    yield _sse(out.chunk(ev.text, lps=ev.logprobs, spans=ev.spans if ev.text else None))
                 continue
-            if ev[0] == "error":
-                yield _sse(_error_of(ev[1]).body())
+            if isinstance(ev, Failed):
+                yield _sse(_error_of(ev.error).body())
                 break
-            stats = ev[1] if ev[0] == "done" else None
+            stats = ev.stats if isinstance(ev, Done) else None
             finish = (stats.finish_reason or "length") if stats else "abort"
             chunks = out.tool_deltas("".join(held), finish) if held is not None else [out.chunk(None, finish=finish)]
             last = chunks[-1]

@@ -19,31 +19,46 @@ import logging
 import threading
 from collections import deque
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
+from moa_cpp.generator import GenerationRequest
 from moa_cpp.server.errors import APIError, bad_request
 from moa_cpp.server.sessions import Session
+from moa_cpp.streaming import Piece
 
 log = logging.getLogger("moa_cpp.server")
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenParams:
-    prompt: Any                     # text, token ids, or chat messages (with chat=True)
-    chat: bool
-    max_tokens: int
-    temperature: float
-    top_k: int
-    top_p: float
-    seed: Optional[int]
-    stop: list
-    draft: Optional[str]
-    ignore_eos: bool = False
-    logprobs: Optional[int] = None    # each token's logprob and this many alternatives (None: off)
-    sampling: dict = field(default_factory=dict)   # min_p, penalties, logit_bias (stream_steps keywords)
-    tools: Optional[list] = None      # OpenAI tools the chat template renders
+    """What the server runs for one request: the engine's typed request (sampling and the draft
+    setting checked and typed once, in :meth:`moa_cpp.server.app.Server.params`), plus what only
+    the server reads: the tool plan (an answer read back as tool calls)."""
+    request: GenerationRequest
     tool_plan: Any = None             # moa_cpp.tools.ToolPlan of a chat request with tools
+
+
+# What a job hands the event loop, in order: Ready, then Piece* (moa_cpp.streaming.Piece), then
+# one of Done / Cancelled / Failed.
+@dataclass(frozen=True)
+class Ready:
+    n_prompt: int                     # the prompt's tokens (encoded and checked)
+
+
+@dataclass(frozen=True)
+class Done:
+    stats: Any                        # the generation's SpecStats
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    pass
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: BaseException
 
 
 class Job:
@@ -69,7 +84,7 @@ class Job:
     def cancel(self) -> None:
         self.cancelled.set()
 
-    def _put(self, *event: Any) -> None:
+    def _put(self, event: Any) -> None:
         with self._lock:
             self._outbox.append(event)
             if self._flush_pending:       # a wake-up is on its way: it takes this event too
@@ -90,10 +105,10 @@ class Job:
             self.events.put_nowait(ev)
 
     def _encode(self) -> list:
-        gen, p = self.session.gen, self.params
+        gen, p = self.session.gen, self.params.request
         tgt = gen.target
         try:
-            ids = gen.encode(p.prompt, p.chat, p.tools)
+            ids = gen.encode(p.prompt, p.chat, list(p.tools) if p.tools else None)
         except APIError:
             raise
         except Exception as e:      # e.g. a chat template that rejects the roles' order
@@ -110,7 +125,7 @@ class Job:
         return ids
 
     def _run(self) -> None:
-        gen, p = self.session.gen, self.params
+        gen, req = self.session.gen, self.params.request
         # a batched slot: the other slots' decodes wait for this one's while it generates
         engine = getattr(gen.target, "engine", None)
         if engine is not None:
@@ -119,33 +134,31 @@ class Job:
             if self.cancelled.is_set():
                 return
             ids = self._encode()
-            self._put("ready", len(ids))
-            it = gen.stream_steps(ids, max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
-                                  top_p=p.top_p, seed=p.seed, stop=p.stop, draft=p.draft,
-                                  ignore_eos=p.ignore_eos, logprobs=p.logprobs, token_spans=True, **p.sampling)
-            held: list = []          # a whole job's pieces: (tokens, text, logprobs, spans)
+            self._put(Ready(len(ids)))
+            it = gen.stream_request(replace(req, prompt=ids, chat=False, tools=None, token_spans=True))
+            held: list = []          # a whole job's pieces
             try:
                 for piece in it:
                     if self.live:
-                        self._put("piece", list(piece.tokens), piece.text, piece.logprobs, piece.spans)
+                        self._put(piece)
                     else:
                         held.append(piece)
                     if self.cancelled.is_set():
-                        self._put("cancelled")
+                        self._put(Cancelled())
                         return
             finally:
                 it.close()
             if held:
-                self._put("piece", [t for p in held for t in p.tokens], "".join(p.text for p in held),
-                          [lp for p in held for lp in p.logprobs], [s for p in held for s in (p.spans or [])])
-            self._put("done", gen.last_stats)
+                self._put(Piece([t for p in held for t in p.tokens], "".join(p.text for p in held),
+                                [lp for p in held for lp in p.logprobs], [s for p in held for s in (p.spans or [])]))
+            self._put(Done(gen.last_stats))
             try:
                 gen.loop.settle()    # the answer is out: ready the caches for the next turn
             except Exception:        # the answer was sent; the next prompt decodes more instead
                 log.exception("settling the session's caches failed")
                 gen.target.clear()
         except BaseException as e:   # answered as an error; the server keeps running
-            self._put("error", e)
+            self._put(Failed(e))
         finally:
             if engine is not None:
                 engine.leave(gen.target.seq)

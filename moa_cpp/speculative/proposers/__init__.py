@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
+from moa_cpp.errors import InvalidArgumentError
 from moa_cpp.speculative.types import DraftConfig
 from moa_cpp.speculative.proposers.draft_model import DraftModelProposer
 from moa_cpp.speculative.proposers.hybrid import HybridProposer, merge
@@ -22,7 +23,7 @@ from moa_cpp.speculative.proposers.moa import MoAProposer
 from moa_cpp.speculative.proposers.ngram import DEFAULT_N_MAX, DEFAULT_N_MIN, NgramProposer
 
 __all__ = ["DraftModelProposer", "HybridProposer", "MoAProposer", "NgramProposer", "NgramSettings", "SPEC_TYPES",
-           "make_proposer", "merge", "parse_spec_type"]
+           "make_proposer", "merge", "parse_spec_type", "resolve_spec_type"]
 
 SPEC_TYPES = ("moa", "draft", "ngram")
 # drafter rows per cycle a proposer's state is sized for: the widest tree a request may ask
@@ -52,6 +53,24 @@ def parse_spec_type(spec: Union[str, Sequence[str], None]) -> tuple:
     if "moa" in parts and "draft" in parts:
         raise ValueError("moa and draft cannot be combined: a generation has one drafter model")
     return tuple(parts)
+
+
+def resolve_spec_type(requested: Union[str, Sequence[str], None], *, drafter: bool, draft_model: bool,
+                      fallback: tuple = ()) -> tuple:
+    """Who drafts, decided in this one place for the Python API, the CLI and the server:
+    ``requested`` (a spec type, see :func:`parse_spec_type`) if given, else ``moa`` with an MoA
+    drafter, ``draft`` with a draft model, else ``fallback`` (the Python API: () = plain
+    decoding; the CLI and the server: ``("ngram",)``, prompt lookup, free). A requested kind
+    without its model is a ValueError."""
+    if requested is None:
+        return ("moa",) if drafter else ("draft",) if draft_model else tuple(fallback)
+    kinds = parse_spec_type(requested)
+    if "moa" in kinds and not drafter:
+        raise InvalidArgumentError("spec type moa needs an MoA drafter (-d/--drafter; the embedded one without -m)")
+    if "draft" in kinds and not draft_model:
+        raise InvalidArgumentError("spec type draft needs a draft model (-md/--draft-model: a small LLM GGUF with the "
+                         "target's tokenizer)")
+    return kinds
 
 
 def _followable(kinds: tuple, target) -> tuple:
@@ -86,7 +105,6 @@ def make_proposer(kinds: Union[str, Sequence[str], None], target, config: DraftC
     of a small LLM GGUF (``draft``, loaded in its own context like the target's). ``target`` may
     be None where no target runs here (the remote client: ``moa`` needs ``n_ctx`` then)."""
     from moa_cpp.drafter.drafter import DrafterState
-    from moa_cpp.errors import InvalidArgumentError
 
     kinds = parse_spec_type(kinds)
     if target is not None and kinds:
