@@ -179,6 +179,28 @@ def test_padded_engine_is_exact_where_one_row_decodes_are_not():
 RUN_SETTINGS = [dict(temperature=0.0), dict(temperature=0.8, seed=3), dict(temperature=0.0, stop=["the"])]
 
 
+def _generate_on_slots(engine, gens, prompts, kws, max_tokens) -> list:
+    """Every slot's generation at once, one thread each (as the server's sessions run them)."""
+    got: list = [None] * len(gens)
+    errors: list = []
+
+    def slot(i):
+        engine.enter(i)
+        try:
+            got[i] = gens[i].generate(prompts[i], chat=True, max_tokens=max_tokens, **kws[i])
+        except BaseException as e:     # reported below
+            errors.append(e)
+        finally:
+            engine.leave(i)
+    threads = [threading.Thread(target=slot, args=(i,)) for i in range(len(gens))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    return got
+
+
 def test_plain_runs_give_plain_decoding_answers(targets, monkeypatch):
     """A batched slot that decodes plainly hands the decoding to the engine's decode thread
     (PlainRun): greedy, seeded sampling and a stop string that ends a run early give the answers
@@ -195,23 +217,7 @@ def test_plain_runs_give_plain_decoding_answers(targets, monkeypatch):
     monkeypatch.setattr(SlotTarget, "plain_run", lambda self, *a, **k: runs.append(self.seq) or real(self, *a, **k))
     gens = [SpeculativeGenerator(engine.slot(i)) for i in range(3)]
     for turn in range(2):
-        got: list = [None] * 3
-        errors: list = []
-
-        def slot(i):
-            engine.enter(i)
-            try:
-                got[i] = gens[i].generate(prompts[i], chat=True, max_tokens=40, **RUN_SETTINGS[i])
-            except BaseException as e:     # reported below
-                errors.append(e)
-            finally:
-                engine.leave(i)
-        threads = [threading.Thread(target=slot, args=(i,)) for i in range(3)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(120)
-        assert not errors, errors
+        got = _generate_on_slots(engine, gens, prompts, RUN_SETTINGS, 40)
         for w, g in zip(want, got):
             assert g.tokens == w.tokens and g.text == w.text and g.stats.finish_reason == w.stats.finish_reason
         if turn:
@@ -270,23 +276,7 @@ def test_ngram_slots_look_up_on_the_decode_thread_and_answer_as_plain_decoding(t
     gens = [SpeculativeGenerator(engine.slot(i), spec_type="ngram", draft=LOOKAHEAD_SETTINGS[i].get("draft"))
             for i in range(3)]
     for turn in range(2):
-        got: list = [None] * 3
-        errors: list = []
-
-        def slot(i):
-            engine.enter(i)
-            try:
-                got[i] = gens[i].generate(prompts[i], chat=True, max_tokens=64, **gen_kw[i])
-            except BaseException as e:     # reported below
-                errors.append(e)
-            finally:
-                engine.leave(i)
-        threads = [threading.Thread(target=slot, args=(i,)) for i in range(3)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(120)
-        assert not errors, errors
+        got = _generate_on_slots(engine, gens, prompts, gen_kw, 64)
         for w, g in zip(want, got):
             assert g.tokens == w.tokens and g.text == w.text and g.stats.finish_reason == w.stats.finish_reason
         assert sum(g.stats.drafted for g in got) > 0 and sum(g.stats.accepted for g in got) > 0
