@@ -3,7 +3,12 @@
 # drafter"), niced so that it can run beside other work; pause it for benchmarks with
 #   kill -STOP <pid> ... kill -CONT <pid>      (the pid is in out/qwen15/ROUND.pid)
 #
-#   ROUND=q3 SEED=2 ANSWERS=600 MINUTES=60 INIT=bench/data/qwen15-q2/drafter.gguf bash scripts/qwen15_round.sh
+#   ROUND=q4 SEED=3 ANSWERS=600 MINUTES=50 LATER=q3=2:600 bash scripts/qwen15_round.sh
+#
+# INIT (default: the lineage's latest checkpoint, moa_cpp/data/lineage/qwen2.5-coder-1.5b.gguf) is
+# the drafter this round continues; the new drafter replaces that checkpoint when the round ends
+# (INSTALL=0: not), with its record beside it (.json): commit both, so that the next session's
+# round continues from it (earlier rounds are not kept: their commands are).
 #
 # Regenerates (seconds each, --data-only) the prompt lists of the earlier rounds (LATER: rounds after
 # q2 as name=seed:answers) and of the common held-out set so that this round draws none of them, trains ROUND from INIT, then scores INIT and
@@ -14,7 +19,8 @@ MOA=.venv/bin/moa-cpp
 PY=.venv/bin/python
 ROUND=${ROUND:?ROUND (e.g. q3)} SEED=${SEED:?SEED (a seed no earlier round used)}
 ANSWERS=${ANSWERS:-600} MINUTES=${MINUTES:-60}
-INIT=${INIT:?INIT (the drafter this round continues)}
+LINEAGE=moa_cpp/data/lineage/qwen2.5-coder-1.5b
+INIT=${INIT:-$LINEAGE.gguf}
 T=qwen2.5-coder-1.5b
 mkdir -p out/qwen15
 echo $$ > out/qwen15/$ROUND.pid
@@ -40,3 +46,18 @@ nice -n 19 $MOA train --target $T --out out/qwen15/$ROUND --init-from "$INIT" --
 nice -n 19 $PY bench/heldout_tau.py --heldout out/qwen15/heldout48/data-fixed --target $T "$INIT" \
   out/qwen15/$ROUND/drafter.gguf --exclude out/qwen15/q1 --threads 2 \
   --out bench/results/qwen15-$ROUND-heldout48.json
+if [ "${INSTALL:-1}" = 1 ]; then
+  mkdir -p "$(dirname "$LINEAGE")"
+  cp "out/qwen15/$ROUND/drafter.gguf" "$LINEAGE.gguf.tmp" && mv "$LINEAGE.gguf.tmp" "$LINEAGE.gguf"
+  ROUND=$ROUND SEED=$SEED ANSWERS=$ANSWERS MINUTES=$MINUTES INIT=$INIT LATER="${LATER:-}" $PY - "$LINEAGE.json" <<'PYEOF'
+import json, os, sys
+path = sys.argv[1]
+rec = json.load(open(path)) if os.path.exists(path) else {"target": "qwen2.5-coder-1.5b", "rounds": []}
+res = json.load(open(f"bench/results/qwen15-{os.environ['ROUND']}-heldout48.json"))
+rec["rounds"].append({k.lower(): os.environ[k] for k in ("ROUND", "SEED", "ANSWERS", "MINUTES", "INIT", "LATER")}
+                     | {"heldout48": [{"run": r["run"], "tau": r["tau"], "tau_ci95": r.get("tau_ci95"),
+                                       "token_passes": r.get("token_passes")} for r in res["rows"]]})
+json.dump(rec, open(path, "w"), indent=1)
+print("lineage:", path, "round", os.environ["ROUND"])
+PYEOF
+fi
