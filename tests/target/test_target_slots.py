@@ -54,25 +54,30 @@ def _run(t, toks, slot, steps=16):
     return out
 
 
-def _concurrently(engine, ids):
-    got: list = [None] * len(ids)
+def _on_slots(engine, n, work):
+    """``work(i)`` for slots 0..n-1 at once, one thread each (as the server's sessions run)."""
+    got: list = [None] * n
     errors: list = []
 
     def slot(i):
         engine.enter(i)
         try:
-            got[i] = _run(engine.slot(i), ids[i], i)
+            got[i] = work(i)
         except BaseException as e:     # reported below
             errors.append(e)
         finally:
             engine.leave(i)
-    threads = [threading.Thread(target=slot, args=(i,)) for i in range(len(ids))]
+    threads = [threading.Thread(target=slot, args=(i,)) for i in range(n)]
     for th in threads:
         th.start()
     for th in threads:
         th.join(120)
     assert not errors, errors
     return got
+
+
+def _concurrently(engine, ids):
+    return _on_slots(engine, len(ids), lambda i: _run(engine.slot(i), ids[i], i))
 
 
 def test_batched_slots_get_their_solo_rows_bit_for_bit(targets):
@@ -180,25 +185,9 @@ RUN_SETTINGS = [dict(temperature=0.0), dict(temperature=0.8, seed=3), dict(tempe
 
 
 def _generate_on_slots(engine, gens, prompts, kws, max_tokens) -> list:
-    """Every slot's generation at once, one thread each (as the server's sessions run them)."""
-    got: list = [None] * len(gens)
-    errors: list = []
-
-    def slot(i):
-        engine.enter(i)
-        try:
-            got[i] = gens[i].generate(prompts[i], chat=True, max_tokens=max_tokens, **kws[i])
-        except BaseException as e:     # reported below
-            errors.append(e)
-        finally:
-            engine.leave(i)
-    threads = [threading.Thread(target=slot, args=(i,)) for i in range(len(gens))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(120)
-    assert not errors, errors
-    return got
+    """Every slot's generation at once."""
+    return _on_slots(engine, len(gens), lambda i: gens[i].generate(prompts[i], chat=True, max_tokens=max_tokens,
+                                                                   **kws[i]))
 
 
 def test_plain_runs_give_plain_decoding_answers(targets, monkeypatch):
