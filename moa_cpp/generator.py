@@ -169,7 +169,8 @@ class SpeculativeGenerator:
         """Yield a :class:`Piece` per cycle (new token ids, new text, and with ``logprobs`` = N
         the :class:`TokenLogprob` (N alternatives) of the tokens whose text this piece completes:
         logprobs travel with their text, so none is given for text a stop string cut off);
-        stats in :attr:`last_stats`. ``grammar``: GBNF text or a ``llama_cpp.LlamaGrammar``
+        the last piece carries the generation's :class:`SpecStats` (``piece.stats``; also kept in
+        :attr:`last_stats`). ``grammar``: GBNF text or a ``llama_cpp.LlamaGrammar``
         (llama.cpp's grammar on every verification row: :mod:`moa_cpp.speculative.grammar`).
         ``cache_prompt`` (llama.cpp's name): decode only what follows the prefix this
         generator's caches hold from its previous generation (a chat's earlier turns).
@@ -211,17 +212,17 @@ class SpeculativeGenerator:
             if hit >= 0:
                 stats.finish_reason = "stop"
                 self.last_stats = stats
-                yield Piece(ev.tokens, full[shown:hit], lps.starting_before(full[:hit]), split(full[shown:hit]))
+                yield Piece(ev.tokens, full[shown:hit], lps.starting_before(full[:hit]), split(full[shown:hit]),
+                            stats=stats)
                 return
             # hold back what may still become a stop string or a multi-byte character
             end = len(full) - held_back(full, stop)
             piece, shown = full[shown:max(shown, end)], max(shown, end)
             yield Piece(ev.tokens, piece, lps.ending_within(full[:shown]) if lps.pending else [], split(piece))
-        if stats is not None:
-            tail = render.extend([])[shown:]
-            if tail or lps.pending:
-                yield Piece([], tail, lps.rest(), split(tail))
         self.last_stats = stats
+        if stats is not None:      # the last piece: what text is left, and the statistics
+            tail = render.extend([])[shown:]
+            yield Piece([], tail, lps.rest(), split(tail), stats=stats)
 
     def sampling_params(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                         seed: Optional[int] = None, ignore_eos: bool = False, min_p: float = 0.0,
@@ -281,12 +282,13 @@ class SpeculativeGenerator:
         """
         tokens: list = []
         pieces: list = []
-        for toks, piece in self.stream_tokens(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                                              top_p=top_p, seed=seed, stop=stop, chat=chat, draft=draft,
-                                              ignore_eos=ignore_eos, **sampling):
-            tokens += toks
-            pieces.append(piece)
-        st = self.last_stats
+        st = None
+        for p in self.stream_steps(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                                   top_p=top_p, seed=seed, stop=stop, chat=chat, draft=draft,
+                                   ignore_eos=ignore_eos, **sampling):
+            tokens += p.tokens
+            pieces.append(p.text)
+            st = p.stats or st
         return GenerationResult("".join(pieces), tokens, st, st.finish_reason if st else "length",
                                 list(self._last_prompt))
 
@@ -381,12 +383,12 @@ class SpeculativeGenerator:
         writer = LogprobWriter(self.target, chat) if kw.get("logprobs") is not None else None
         if stream:
             return self._chunks(head, ids, kw, writer)
-        tokens, text, lps = [], [], []
+        tokens, text, lps, st = [], [], [], None
         for p in self.stream_steps(ids, **kw):
             tokens += p.tokens
             text.append(p.text)
             lps += p.logprobs
-        st = self.last_stats
+            st = p.stats or st
         return {**head, "choices": [{"text": "".join(text), "index": 0,
                                      "logprobs": writer.part(lps) if writer else None,
                                      "finish_reason": st.finish_reason or "length"}],
@@ -402,11 +404,14 @@ class SpeculativeGenerator:
         return max_tokens
 
     def _chunks(self, head: dict, prompt: Any, kw: dict, writer: Any = None) -> Iterator[dict]:
+        st = None
         for p in self.stream_steps(prompt, **kw):
-            lp = writer.part(p.logprobs) if writer and p.logprobs else None
-            yield {**head, "choices": [{"text": p.text, "index": 0, "logprobs": lp, "finish_reason": None}]}
+            st = p.stats or st
+            if p.text or p.logprobs or p.stats is None:
+                lp = writer.part(p.logprobs) if writer and p.logprobs else None
+                yield {**head, "choices": [{"text": p.text, "index": 0, "logprobs": lp, "finish_reason": None}]}
         yield {**head, "choices": [{"text": "", "index": 0, "logprobs": None,
-                                    "finish_reason": self.last_stats.finish_reason}]}
+                                    "finish_reason": st.finish_reason if st else "length"}]}
 
     # ------------------------------------------------------------------ calibration
 

@@ -5,7 +5,7 @@ whole :class:`GenerationResult`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from moa_cpp.speculative.types import SpecStats
 
@@ -75,6 +75,9 @@ class Piece:
     # [[text, origin, index], ...] (moa_cpp.token_spans: who
     # chose each token, "target" or the proposer whose draft was accepted)
     spans: list = field(default_factory=list)
+    # set on a generation's last piece only (which may carry no text): the whole generation's
+    # statistics, finish_reason included -- how they leave a stream, typed, with the stream
+    stats: Optional[SpecStats] = None
 
 
 @dataclass

@@ -98,19 +98,21 @@ def run_chat(args: argparse.Namespace) -> int:
             msgs.append({"role": "user", "content": user})
             dropped = _fit(gen, msgs, args.max_tokens)
             pieces: list = []
+            stats = None                   # the last piece's (none when interrupted)
             try:
-                for piece in gen.stream(msgs, chat=True, **kw):
-                    pieces.append(piece)
-                    sys.stdout.write(piece)
+                for piece in gen.stream_steps(msgs, chat=True, **kw):
+                    pieces.append(piece.text)
+                    sys.stdout.write(piece.text)
                     sys.stdout.flush()
+                    stats = piece.stats or stats
             except KeyboardInterrupt:
                 pass                       # the answer so far stays in the history
             sys.stdout.write("\n")
             sys.stdout.flush()
             msgs.append({"role": "assistant", "content": "".join(pieces)})
             note = f" [dropped the {dropped} oldest messages: the context is full]" if dropped else ""
-            if gen.last_stats is not None:
-                print(stats_line(gen.last_stats) + note, file=sys.stderr, flush=True)
+            if stats is not None:
+                print(stats_line(stats) + note, file=sys.stderr, flush=True)
             gen.loop.settle()          # while the user reads: the next turn reuses this one whole
         calibrate_after(gen)
     finally:

@@ -7,7 +7,7 @@ import sys
 from typing import Optional
 
 from moa_cpp.cli.values import positive as _positive
-from moa_cpp.cli.llama_flags import add_llama_arguments, drafter_device, target_options
+from moa_cpp.cli.llama_flags import add_llama_arguments, add_target_arguments, drafter_device, target_options
 from moa_cpp.models.defaults import add_spec_arguments
 from moa_cpp.errors import InvalidArgumentError
 
@@ -72,17 +72,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="never stop at an end-of-generation token: run to -n or the end of the context")
-    p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=_positive, default=4096,
-                   help="context size (default 4096)")
-    p.add_argument("-t", "--threads", type=_positive, default=None, help="CPU threads (default: all)")
-    p.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=None,
-                   help="target layers to offload to a GPU or rpc-servers (-1: all; default 0, all with --rpc)")
-    p.add_argument("--rpc", metavar="HOST:PORT,...",
-                   help="llama.cpp rpc-servers holding the offloaded target layers (`moa-cpp rpc-server`; "
-                        "no authentication: private networks only)")
-    p.add_argument("--device", default="auto",
-                   help="drafter device: auto (first local GPU, else CPU), cpu, gpu, cuda, or a ggml device name "
-                        "such as CUDA0 (see --list-devices)")
+    add_target_arguments(p)
     p.add_argument("--list-devices", action="store_true",
                    help="print the devices this build can use (and whether -ngl can offload) and exit")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -238,12 +228,15 @@ def run_generate(args: argparse.Namespace) -> int:
                           "finish_reason": r.finish_reason, "draft": draft, "spec_type": gen.spec_type,
                           "by_source": st.by_source, "decision": st.decision, "stats": st.to_dict()}), flush=True)
     else:
-        for piece in gen.stream(prompt, **kw):
-            sys.stdout.write(piece)
+        stats = None
+        for piece in gen.stream_steps(prompt, **kw):
+            sys.stdout.write(piece.text)
             sys.stdout.flush()
+            stats = piece.stats or stats
         sys.stdout.write("\n")
         sys.stdout.flush()
-        print(stats_line(gen.last_stats), file=sys.stderr, flush=True)
+        if stats is not None:
+            print(stats_line(stats), file=sys.stderr, flush=True)
     calibrate_after(gen)
     gen.close()
     return 0

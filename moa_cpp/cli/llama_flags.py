@@ -28,6 +28,28 @@ from moa_cpp.errors import InvalidArgumentError
 CACHE_TYPES = ("f16", "f32", "q8_0")
 
 
+def add_target_arguments(p, *, ctx_help: str = "context size (default 4096)",
+                         threads_help: str = "CPU threads (default: all)", ngl_default: Optional[int] = None,
+                         ngl_help: str = "target layers to offload to a GPU or rpc-servers (-1: all; default 0, "
+                                         "all with --rpc)",
+                         device_help: str = "drafter device: auto (first local GPU, else CPU), cpu, gpu, cuda, or "
+                                            "a ggml device name such as CUDA0 (moa-cpp generate --list-devices)",
+                         ctx: bool = True, rpc: bool = True) -> None:
+    """``-c/--ctx-size``, ``-t/--threads``, ``-ngl/--n-gpu-layers``, ``--device`` and ``--rpc``: the
+    flags that say where and how the target (and the drafter) run, written once for `generate`,
+    `serve` and `train` (each passes the help its command needs; the spellings and types stay one)."""
+    if ctx:
+        p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=positive, default=4096, help=ctx_help)
+    p.add_argument("-t", "--threads", type=positive, default=None, help=threads_help)
+    p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", type=int, default=ngl_default,
+                   metavar="N", help=ngl_help)
+    p.add_argument("--device", default="auto", help=device_help)
+    if rpc:
+        p.add_argument("--rpc", metavar="HOST:PORT,...",
+                       help="llama.cpp rpc-servers holding the offloaded target layers (`moa-cpp rpc-server`; "
+                            "no authentication: private networks only)")
+
+
 def add_llama_arguments(p: argparse.ArgumentParser) -> None:
     h = p.add_argument_group("models from Hugging Face (llama.cpp's -hf; huggingface_hub's cache, HF_HUB_OFFLINE=1 "
                              "for the cache only)")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from moa_cpp.cli.values import non_negative as _non_negative, port as _port, positive as _positive
+from moa_cpp.cli.llama_flags import add_target_arguments
 from moa_cpp.models.defaults import add_spec_arguments
 
 
@@ -117,22 +118,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "of their own: --parallel 1 or -nocb)")
     p.add_argument("--queue", type=_non_negative, default=16,
                    help="requests that may wait for a session (FIFO); beyond: 503 + Retry-After (default 16)")
-    p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=_positive, default=4096,
-                   help="context size per session (default 4096)")
-    p.add_argument("-t", "--threads", type=_positive, default=None,
-                   help="CPU threads of the target (default: all cores; with --no-cont-batching per session, "
-                        "default cores / --parallel)")
-    p.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=None,
-                   help="target layers to offload to a GPU or rpc-servers (-1: all; default 0, all with --rpc)")
-    p.add_argument("--device", default="auto",
-                   help="drafter device: auto (first local GPU, else CPU), cpu, gpu, cuda, or a ggml device name "
-                        "such as CUDA0 (moa-cpp generate --list-devices)")
+    add_target_arguments(p, ctx_help="context size per session (default 4096)",
+                         threads_help="CPU threads of the target (default: all cores; with --no-cont-batching "
+                                      "per session, default cores / --parallel)")
     p.add_argument("--draft", default="auto:8",
                    help="auto[:KMAX] (cost-aware, default auto:8), chain:N, tree:DEPTH,TOPK,TOTAL or none")
     add_spec_arguments(p)
-    p.add_argument("--rpc", metavar="HOST:PORT,...",
-                   help="llama.cpp rpc-servers that hold the offloaded target layers (moa-cpp rpc-server); "
-                        "rpc-server has no authentication: private networks only")
     p.add_argument("--model-alias", "-a", dest="model_alias", help="model id in /v1/models (default: the file name)")
     p.add_argument("--max-body-bytes", type=_positive, default=1 << 20, help="largest request body (default 1 MiB)")
     p.add_argument("--max-tokens-limit", type=_positive, default=None,

@@ -137,8 +137,10 @@ class Job:
             self._put(Ready(len(ids)))
             it = gen.stream_request(replace(req, prompt=ids, chat=False, tools=None, token_spans=True))
             held: list = []          # a whole job's pieces
+            stats = None             # the last piece's: the generation's statistics
             try:
                 for piece in it:
+                    stats = piece.stats or stats
                     if self.live:
                         self._put(piece)
                     else:
@@ -151,7 +153,7 @@ class Job:
             if held:
                 self._put(Piece([t for p in held for t in p.tokens], "".join(p.text for p in held),
                                 [lp for p in held for lp in p.logprobs], [s for p in held for s in (p.spans or [])]))
-            self._put(Done(gen.last_stats))
+            self._put(Done(stats))
             try:
                 gen.loop.settle()    # the answer is out: ready the caches for the next turn
             except Exception:        # the answer was sent; the next prompt decodes more instead

@@ -23,9 +23,13 @@ import shutil
 import time
 from pathlib import Path
 
+from moa_cpp.cli.llama_flags import add_target_arguments
+
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``moa-cpp train`` (in this order in ``--help``)."""
+    p.epilog = ("measuring drafters: moa-cpp train eval (held-out tau, paired intervals) | compare (two evaluation-set "
+                "results) | curve (a lineage across continuations) | history (inside runs); each has --help")
     _data_arguments(p)
     _training_arguments(p)
     p.add_argument("--outtype", default="f16", choices=["f32", "f16", "q8_0", "q4_0"],
@@ -87,9 +91,6 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
                    help="never train on these prompts: prompts.jsonl files or run/data directories (e.g. a "
                         "held-out set's, so continuation rounds leave it untouched)")
     p.add_argument("--data-only", action="store_true", help="stop after generating the data")
-    p.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=0, metavar="N",
-                   help="layers llama.cpp offloads to the GPU in its stages (data generation, llama.cpp features); "
-                        "-1: all (llama.cpp's flag; default 0)")
 
 
 def _training_arguments(p: argparse.ArgumentParser) -> None:
@@ -114,16 +115,17 @@ def _training_arguments(p: argparse.ArgumentParser) -> None:
                    help="staircase SA probability falls linearly from 1 to 0 at this fraction of the run "
                         "(0: never staircase)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: all usable cores; use 1 when the machine is busy)")
     p.add_argument("--bf16", default="auto", choices=["auto", "on", "off"],
                    help="bf16 autocast of the matmuls (features and training). auto (default): on for CUDA with "
                         "bf16 and for CPUs with native bf16 (AVX512_BF16 / AMX); off elsewhere: on an AVX2-only "
                         "CPU bf16 autocast ran the target ~5x slower than F32")
     p.add_argument("--no-bf16", dest="bf16", action="store_const", const="off", help="same as --bf16 off")
-    p.add_argument("--device", default="auto",
-                   help="torch device for features and training: auto (CUDA when torch sees one, else CPU), "
-                        "cpu, cuda or cuda:N; data generation always runs in llama.cpp")
+    add_target_arguments(p, ctx=False, rpc=False, ngl_default=0,
+                         threads_help="torch threads (default: all usable cores; use 1 when the machine is busy)",
+                         ngl_help="layers llama.cpp offloads to the GPU in its stages (data generation, llama.cpp "
+                                  "features); -1: all (llama.cpp's flag; default 0)",
+                         device_help="torch device for features and training: auto (CUDA when torch sees one, else "
+                                     "CPU), cpu, cuda or cuda:N; data generation always runs in llama.cpp")
     p.add_argument("--draft-vocab", type=int, default=0,
                    help="reduced draft vocabulary: the N most frequent response tokens (0: whole target vocabulary)")
     p.add_argument("--tli", type=int, default=0,
