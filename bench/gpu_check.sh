@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
 # GPU check (issue 13) on a bare, offline NVIDIA machine lent through the device tool.
 #
-# Here (CPU machine, network):  python bench/gpu_pack.py          -> .gpu/s1 .. .gpu/sN (<= 40 MiB each)
+# Here (CPU machine, network):  python -m bench.gpu pack          -> .gpu/s1 .. .gpu/sN (<= 40 MiB each)
 # There, one call per stage, back to back (the machine keeps files while it stays warm):
 #     bash bench/gpu_check.sh        carry [".gpu/s1"]   files the parts, starts the CUDA build (background)
 #     bash bench/gpu_check.sh        carry [".gpu/s2"]   ...
-#     bash bench/gpu_check.sh        carry [".gpu/sN"]   last part: waits for the build, runs bench/gpu_check.py,
+#     bash bench/gpu_check.sh        carry [".gpu/sN"]   last part: waits for the build, runs bench/gpu/check.py,
 #                                                        writes $OUT/gpu_check.{json,md} + logs
 # Dry run (CPU, CI: tests/train/test_gpu_check.py): MOA_GPU_DRY_RUN=1 bash bench/gpu_check.sh OUTDIR
 #
-# The build (bench/gpu_build.sh): the carried wheels (cffi, pycparser, gguf, diskcache) into a --target
+# The build (bench/gpu/build.sh): the carried wheels (cffi, pycparser, gguf, diskcache) into a --target
 # site, llama-cpp-python 0.3.36 from the trimmed source with GGML_CUDA=ON GGML_RPC=ON for the GPU's
 # compute capability only, and libmoa against it (MOA_CPP_LIB); ~4-6 min on 16 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${MOA_GPU_DRY_RUN:-0}" = 1 ]; then
     OUTDIR=${1:-out/gpu-check}
-    exec "${PYTHON:-.venv/bin/python}" bench/gpu_check.py --dry-run --out "$OUTDIR"
+    exec "${PYTHON:-.venv/bin/python}" -m bench.gpu.check --dry-run --out "$OUTDIR"
 fi
 OUTDIR=${OUT:-${1:-out/gpu-check}}
 STORE=${MOA_GPU_STORE:-/root/moa-gpu}
@@ -25,12 +25,12 @@ STAGES=${MOA_GPU_STAGES:-.gpu}
 for d in "$STAGES"/s*; do
     [ -d "$d" ] && cp -f "$d"/* "$STORE/parts/"
 done
-[ -f "$STORE/parts/manifest.json" ] || { echo "no stage carried: carry .gpu/s1 (python bench/gpu_pack.py)" >&2; exit 2; }
-missing=$(python3 -c "import sys; sys.path.insert(0, 'bench'); import gpu_pack; from pathlib import Path; print(' '.join(gpu_pack.reassemble(Path('$STORE'))))")
+[ -f "$STORE/parts/manifest.json" ] || { echo "no stage carried: carry .gpu/s1 (python -m bench.gpu pack)" >&2; exit 2; }
+missing=$(python3 -c "from pathlib import Path; from bench.gpu import pack; print(' '.join(pack.reassemble(Path('$STORE'))))")
 if [ ! -e "$STORE/build.started" ] && [ -f "$STORE/files/llama-src.tar.gz" ]; then
     touch "$STORE/build.started"
     # a new session: the build outlives this call (the device tool ends the call's other processes)
-    setsid nohup bash bench/gpu_build.sh "$STORE" > "$STORE/build.log" 2>&1 < /dev/null &
+    setsid nohup bash bench/gpu/build.sh "$STORE" > "$STORE/build.log" 2>&1 < /dev/null &
     echo "build started (log: $STORE/build.log)"
 fi
 if [ -n "$missing" ]; then
@@ -51,5 +51,5 @@ mkdir -p "$STORE/fixture"
 tar xf "$STORE/files/fixture.tar" -C "$STORE/fixture"
 model=$(python3 -c "import json; print(json.load(open('$STORE/parts/manifest.json'))['model'])")
 set -o pipefail
-python3 bench/gpu_check.py --model "$STORE/files/$model" --fixture "$STORE/fixture/moa-ref-tiny" \
+python3 -m bench.gpu.check --model "$STORE/files/$model" --fixture "$STORE/fixture/moa-ref-tiny" \
     --prompts "$STORE/files/eval_prompts.json" --work "$STORE" --out "$OUTDIR" 2>&1 | tee "$OUTDIR/gpu_check.log"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-# the proxy's default shape: decode ~1 ms with 2 threads on the 2-core EPYC (bench/loop_cost.py
+# the proxy's default shape: decode ~1 ms with 2 threads on the 2-core EPYC (bench/costs/loop.py
 # prints the measured llama-bench tg); the LM head (49,152 x 256) is most of it, as on a GPU model
 PROXY_SHAPE = dict(n_layer=4, n_embd=256, n_ff=768, n_head=4, n_head_kv=2)
 

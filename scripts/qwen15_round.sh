@@ -43,9 +43,9 @@ done
 nice -n 19 $MOA train --target $T --out out/qwen15/$ROUND --init-from "$INIT" --n-samples 0 --fixed-answers $ANSWERS \
   --code-share 0.5 --seed $SEED --minutes $MINUTES --epochs 12 --eval-every 100 --outtype q8_0 --threads 2 \
   --feature-source torch --exclude-prompts "${excl[@]}"
-nice -n 19 $PY bench/heldout_tau.py --heldout out/qwen15/heldout48/data-fixed --target $T "$INIT" \
+nice -n 19 $MOA train eval --heldout out/qwen15/heldout48/data-fixed --target $T "$INIT" \
   out/qwen15/$ROUND/drafter.gguf --exclude out/qwen15/q1 --threads 2 \
-  --out bench/results/qwen15-$ROUND-heldout48.json
+  --out bench/results/train/qwen2.5-coder-1.5b-$ROUND-heldout48.json
 if [ "${INSTALL:-1}" = 1 ]; then
   mkdir -p "$(dirname "$LINEAGE")"
   cp "out/qwen15/$ROUND/drafter.gguf" "$LINEAGE.gguf.tmp" && mv "$LINEAGE.gguf.tmp" "$LINEAGE.gguf"
@@ -53,7 +53,7 @@ if [ "${INSTALL:-1}" = 1 ]; then
 import json, os, sys
 path = sys.argv[1]
 rec = json.load(open(path)) if os.path.exists(path) else {"target": "qwen2.5-coder-1.5b", "rounds": []}
-res = json.load(open(f"bench/results/qwen15-{os.environ['ROUND']}-heldout48.json"))
+res = json.load(open(f"bench/results/train/qwen2.5-coder-1.5b-{os.environ['ROUND']}-heldout48.json"))
 rec["rounds"].append({k.lower(): os.environ[k] for k in ("ROUND", "SEED", "ANSWERS", "MINUTES", "INIT", "LATER")}
                      | {"heldout48": [{"run": r["run"], "tau": r["tau"], "tau_ci95": r.get("tau_ci95"),
                                        "token_passes": r.get("token_passes")} for r in res["rows"]]})

@@ -61,7 +61,7 @@ python -m pip install -q "torch==2.13.0"
 python -m pip install -q --no-build-isolation -e ".[test,models,train,bench,server]"
 # Byte-compile the editable sources once, as pip does for a wheel install: where
 # PYTHONDONTWRITEBYTECODE is set (CI images, sandboxes), every process would otherwise recompile
-# moa_cpp (~40 ms of a one-shot `moa-cpp generate`, bench/startup.py). A stale .pyc is harmless:
+# moa_cpp (~40 ms of a one-shot `moa-cpp generate`, bench/process/startup.py). A stale .pyc is harmless:
 # Python checks the source's mtime and compiles the newer source in memory.
 python -m compileall -q moa_cpp > /dev/null
 # llama.cpp's own HF -> GGUF converter (from the llama-cpp-python sdist), for tests/format/test_archs.py

@@ -11,9 +11,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT = 1 << 20
-# Still tracked, leaving in a later change (one change may remove only so many bytes): earlier
-# rounds of the Qwen2.5-Coder-1.5B lineage, replaced by moa_cpp/data/lineage/.
-LEAVING = {"bench/data/qwen15-q1/drafter.gguf", "bench/data/qwen15-q2/drafter.gguf"}
 
 
 def _tracked() -> list:
@@ -27,8 +24,7 @@ def _tracked() -> list:
 def test_no_large_file_outside_the_package_data():
     big = [(f, (REPO / f).stat().st_size) for f in _tracked()
            if (REPO / f).is_file() and not f.startswith("moa_cpp/data/") and (REPO / f).stat().st_size > LIMIT]
-    unexpected = [(f, n) for f, n in big if f not in LEAVING]
-    assert not unexpected, f"tracked files over 1 MB outside moa_cpp/data/: {unexpected}"
+    assert not big, f"tracked files over 1 MB outside moa_cpp/data/: {big}"
 
 
 def test_the_check_sees_large_files(tmp_path):

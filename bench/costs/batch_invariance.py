@@ -4,7 +4,7 @@ decoded one token at a time vs in chunks of c tokens (max |difference|). On Smol
 threads here: 0 for chunks up to 63 rows, 0.42-1.00 from 64 rows on (another kernel) -- why prompt-
 cache reuse is exact with ``-ub`` <= 63 and not at the default ubatch (moa_cpp/speculative/prefix_cache.py).
 
-    python bench/batch_invariance.py [-m MODEL.gguf] [--threads 2]
+    python -m bench.costs batch-invariance [-m MODEL.gguf] [--threads 2]
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ k = 1..K+1 and the exact batch size, what ``moa-cpp generate`` runs after its fi
 model) with every ``Target.decode`` counted and timed by its row count, in a fresh cache each
 repetition.
 
-    python bench/calibration_profile.py                        # SmolLM2 Q4_1, K = 8, 3 repetitions
-    python bench/calibration_profile.py --model X.gguf --k-max 4 --reps 5
+    python -m bench.costs calibration                        # SmolLM2 Q4_1, K = 8, 3 repetitions
+    python -m bench.costs calibration --model X.gguf --k-max 4 --reps 5
 
 Prints, per repetition: total seconds, seconds inside decodes, the measured T(k) in ms, and
 {rows: (decodes, ms)}. Run it alone: it is a timing.

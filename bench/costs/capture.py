@@ -14,7 +14,7 @@ side of ``decode`` (batch fill, logits copy), which is the same in all configura
 
 Usage::
 
-    python bench/capture_overhead.py [--rounds 40] [--threads N] [--out bench/results/capture_overhead.json]
+    python -m bench.costs capture [--rounds 40] [--threads N] [--out bench/results/MACHINE/costs-capture.json]
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from moa_cpp.models import registry as models
 from moa_cpp.target.target import Target
-from _common import git_commit  # noqa: E402  (bench/ is on sys.path when run as a script)
+from bench.common import RESULTS_ROOT, git_commit, machine_label
 
 PREFIX = ("In a quiet village by the sea, the fishermen rose before dawn to prepare their boats, "
           "mend their nets and talk about the weather, the tides and the prices at the market.")
@@ -88,7 +88,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all usable cores)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "capture_overhead.json")
+    ap.add_argument("--out", type=Path, default=RESULTS_ROOT / machine_label() / "costs-capture.json")
     args = ap.parse_args()
     threads = args.threads or len(os.sched_getaffinity(0))
 

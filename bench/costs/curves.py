@@ -39,10 +39,10 @@ moa_cpp's cache dir, never committed):
 Targets: ``qwen-1.5b``, ``qwen-0.5b`` (Qwen2.5-Coder-Instruct Q4_K_M from the model wheels;
 the default: both, where installed), ``smollm2``, ``smollm2-q8_0``, ``gemma3``, or GGUF paths.
 
-    python bench/cost_curves.py                                   # Qwen 1.5B + 0.5B, Q4_K_M
-    python bench/cost_curves.py --targets qwen-1.5b --quant q8_0 --skip-e2e
-    python bench/cost_curves.py --targets smollm2 --prompts 1 --max-tokens 8 --acceptance 0.8
-    python bench/cost_curves.py --targets --synthetic-8b          # only the synthetic 8B shape
+    python -m bench.costs curves                                   # Qwen 1.5B + 0.5B, Q4_K_M
+    python -m bench.costs curves --targets qwen-1.5b --quant q8_0 --skip-e2e
+    python -m bench.costs curves --targets smollm2 --prompts 1 --max-tokens 8 --acceptance 0.8
+    python -m bench.costs curves --targets --synthetic-8b          # only the synthetic 8B shape
 
 Writes bench/results/<machine-label>/<--name>.json/.md/.png (bench/_common.write_results).
 """
@@ -59,11 +59,10 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (llama_greedy, md_table, open_llama, run_generation, run_info,  # noqa: E402
+from bench.common import (REPO_ROOT, llama_greedy, md_table, open_llama, run_generation, run_info,
                      set_verify_cost, spec_api, usable_cores, write_results)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 TARGETS = {"qwen-1.5b": "qwen25_coder_15b_path", "qwen-0.5b": "qwen25_coder_05b_path", "smollm2": "smollm2_path",
            "smollm2-q8_0": "smollm2_q8_0_path", "gemma3": "gemma3_270m_path"}
 DRAFT_MODEL_FOR = {"qwen-1.5b": "qwen-0.5b"}
@@ -189,7 +188,7 @@ def micro_costs(target, path: Path, tmp: Path, threads: int, rounds: int, ctx: i
         full = make_random_drafter(path, tmp / f"{path.stem}-rand-full.q8_0.gguf", "q8_0")
         heads["full"] = full
         if target.n_vocab > draft_vocab:
-            from draft_step import with_tiny_head
+            from bench.costs.draft_step import with_tiny_head
             heads[f"{draft_vocab // 1024}K"] = with_tiny_head(full, tmp / f"{path.stem}-rand-{draft_vocab}.q8_0.gguf",
                                                               draft_vocab)
         else:
@@ -530,7 +529,7 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-vocab", type=int, default=32768, help="reduced draft vocabulary (default 32768)")
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=None, help="default: all usable cores")
-    ap.add_argument("--name", default="cost_curves")
+    ap.add_argument("--name", default="costs-curves")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
     threads = args.threads or usable_cores()

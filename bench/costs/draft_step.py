@@ -21,7 +21,7 @@ speculative-decoding loop in Python would pay it.
 
 Usage::
 
-    python bench/draft_step.py [--rounds 40] [--ctx 256] [--threads N] [--out bench/results/draft_step.json]
+    python -m bench.costs draft-step [--rounds 40] [--ctx 256] [--threads N] [--out bench/results/MACHINE/costs-draft-step.json]
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from moa_cpp.drafter.drafter import Drafter
 from moa_cpp.format.names import ARCH, D2T, DRAFT_OUTPUT, Keys
 from moa_cpp.testing.random_drafter import make_random_drafter, spec_from_target
 from moa_cpp.target.target import Target
-from _common import git_commit  # noqa: E402  (bench/ is on sys.path when run as a script)
+from bench.common import RESULTS_ROOT, git_commit, machine_label
 
 TEXT = ("In a quiet village by the sea, the fishermen rose before dawn to prepare their boats, "
         "mend their nets and talk about the weather, the tides and the prices at the market. ")
@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--ctx", type=int, default=256, help="verified tokens before the timed step")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all usable cores)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "draft_step.json")
+    ap.add_argument("--out", type=Path, default=RESULTS_ROOT / machine_label() / "costs-draft-step.json")
     args = ap.parse_args()
     threads = args.threads or len(os.sched_getaffinity(0))
     tp = models.smollm2_path()

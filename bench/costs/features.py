@@ -10,7 +10,7 @@ the same samples, one after the other), agreement of the torch arg-max labels wi
 (= the verifier's, which decides what is accepted), and how far the torch K/V rows are from the
 ones the drafter sees at inference (mean |diff| / mean |llama.cpp|).
 
-    python bench/feature_paths.py --targets smollm2 smollm2-q8_0 qwen2.5-coder-1.5b qwen-1.5b-f16 --samples 24
+    python -m bench.costs features --targets smollm2 smollm2-q8_0 qwen2.5-coder-1.5b qwen-1.5b-f16 --samples 24
 
 Writes bench/results/<machine>/feature_paths.{json,md,png}.
 """
@@ -23,13 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import base_parser, md_table, run_info, write_results  # noqa: E402
+from bench.common import base_parser, md_table, run_info, write_results
 
 
 def target_path(name: str) -> str:
     from moa_cpp.models import registry as models
-    from spec_types import model_path
+    from bench.eval.spec_types import model_path
     if name == "smollm2-q8_0":
         return str(models.smollm2_q8_0_path())
     if name == "qwen2.5-coder-1.5b":
@@ -98,7 +97,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-len", type=int, default=384)
     ap.add_argument("--skip", type=int, default=5000, help="ShareGPT pairs skipped first (away from training data heads)")
     ap.add_argument("--fp32", action="store_true", help="torch in F32 (default bf16 autocast, as the trainer)")
-    ap.add_argument("--name", default="feature_paths")
+    ap.add_argument("--name", default="costs-features")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
     from moa_cpp.target.target import Target

@@ -2,10 +2,11 @@
 """What reading a GGUF's metadata with gguf-py's GGUFReader costs (moa_cpp.remote.gguf_info: the
 bundle id, `serve --bundle` start, `moa-cpp bundle`): once per file per process.
 
-    python bench/gguf_read_cost.py
+    python -m bench.costs gguf-read
 """
 from __future__ import annotations
 
+import argparse
 import time
 
 from moa_cpp.models import registry as models
@@ -14,6 +15,7 @@ from moa_cpp.remote.gguf_info import gguf_info
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     files = [("SmolLM2-135M Q4_1", models.smollm2_path), ("the shipped drafter", lambda: DEFAULT_DRAFTER),
              ("Gemma-3-270M Q4_K_M (262K vocab)", models.gemma3_270m_path)]
     for name, path in files:

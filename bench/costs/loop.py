@@ -2,7 +2,7 @@
 """The loop's own cost: milliseconds per generated token spent outside ``llama_decode`` and the
 drafter's graph (issue 59), on the GPU-speed proxy and on SmolLM2, next to ``llama-bench`` tg.
 
-Per target (``--targets``, default ``proxy smollm2``; ``proxy`` is bench/_proxy.py's ~1 ms random
+Per target (``--targets``, default ``proxy smollm2``; ``proxy`` is bench/proxy.py's ~1 ms random
 llama with SmolLM2's tokenizer), chat prompts of mt_bench and alpaca, greedy, one warm-up of each
 method, then the methods interleaved per prompt (their order rotating):
 
@@ -28,9 +28,9 @@ the same file: tok/s of the decode phase, ms per set of N tokens, its time insid
 ``--profile`` adds one cProfile pass per in-process method (after the timed ones) and lists the
 functions with the most own time per token: where the loop's milliseconds go.
 
-    python bench/loop_cost.py                          # ~4 min on 2 quiet cores (after bench/peers/build.sh)
-    python bench/loop_cost.py --targets proxy --profile
-    python bench/loop_cost.py --quick --results-dir /tmp/smoke
+    python -m bench.costs loop                          # ~4 min on 2 quiet cores (after bench/peers/build.sh)
+    python -m bench.costs loop --targets proxy --profile
+    python -m bench.costs loop --quick --results-dir /tmp/smoke
 
 Writes bench/results/<machine-label>/loop_cost.json/.md/.png. Without the peers built (``bash
 bench/peers/build.sh``), the llama-bench column is left empty.
@@ -46,11 +46,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import EVAL_DIR, base_parser, eval_prompts, md_table, run_info, usable_cores, write_results  # noqa: E402
-from peers_compare import moa_generate_cmd, ours_record, peers_dir, rotate, run_proc  # noqa: E402
-from spec_types import model_path  # noqa: E402
-from spec_types import run as run_moa  # noqa: E402
+from bench.common import EVAL_DIR, base_parser, eval_prompts, md_table, run_info, usable_cores, write_results
+from bench.peers.compare import moa_generate_cmd, ours_record, peers_dir, rotate, run_proc
+from bench.eval.spec_types import model_path
+from bench.eval.spec_types import run as run_moa
 
 SETS = ["mt_bench", "alpaca"]
 API_METHODS = ["api plain", "api sample", "api stream", "api ngram", "api moa chain:4"]
@@ -448,7 +447,7 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-only", action="store_true", help="only the --engine measurement")
     ap.add_argument("--engine-rounds", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=600)
-    ap.add_argument("--name", default="loop_cost")
+    ap.add_argument("--name", default="costs-loop")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
     args.threads = args.threads or usable_cores()

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
-"""Is a greedy divergence in a ``bench/run_eval.py`` result a near-tie? For one prompt of a
+"""Is a greedy divergence in a ``bench/eval/run.py`` result a near-tie? For one prompt of a
 results JSON, finds the first token where METHOD's output leaves the plain loop's, re-runs the
 target (llama-cpp-python, flash attention on, as the loop) on the prompt + plain tokens up to it,
 and prints the top-3 logits there and the margin between the plain token and METHOD's. A margin
 of a few thousandths of a logit is a near-tie, the kind a batched verification row may flip on a
 target without exact batch rows (README, "Lossless").
 
-    python bench/near_tie.py bench/results/amd-epyc-2c/issue43-qwen15-q1-f16-humaneval-ngram.json 4 "ngram chain:4"
+    python -m bench.eval near-tie bench/results/amd-epyc-2c/issue43-qwen15-q1-f16-humaneval-ngram.json 4 "ngram chain:4"
 """
 from __future__ import annotations
 
@@ -17,10 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import EVAL_DIR, eval_prompts  # noqa: E402
+from bench.common import EVAL_DIR, eval_prompts
 
 
 def main() -> int:

@@ -1,17 +1,17 @@
 """Replay the cost-aware policy over recorded greedy outputs: how many target decodes (and how much
 modelled time, from the target's measured T(k)) each draft policy would spend on the same text.
 
-Greedy speculation emits exactly the plain output, so a run of ``bench/run_eval.py`` already holds
+Greedy speculation emits exactly the plain output, so a run of ``bench/eval/run.py`` already holds
 everything a policy's choices depend on: the prompt (rebuilt from the eval set with the target's
 chat template) and the plain greedy tokens. This replays the real ``NgramProposer`` and
 ``CostAwarePolicy`` over them, cycle by cycle, with no model decode: each variant costs
 sum over cycles of T(rows) seconds, plain costs n * T(1). It is a model of the decode phase (no
-prefill, no Python time); `bench/run_eval.py` measures the real thing. Variants: ``global`` (one
+prefill, no Python time); `bench/eval/run.py` measures the real thing. Variants: ``global`` (one
 acceptance estimate for every lookup, the policy before issue 23's match pricing), ``by-match``
 (the default: priced per match-length class), ``oracle`` (hindsight: exactly the drafts that will
 be accepted, when verifying them pays: the bound of any pricing of this lookup).
 
-    python bench/ngram_policy_sim.py bench/results/amd-epyc-2c/issue23-qwen15-f16-grounded128.json \
+    python -m bench.eval policy-replay bench/results/amd-epyc-2c/eval-run-qwen15-f16-grounded.json \
         -m ~/.cache/moa_cpp/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 """
 from __future__ import annotations
@@ -21,11 +21,10 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import eval_prompts  # noqa: E402
+from bench.common import REPO_ROOT, eval_prompts
+
+ROOT = REPO_ROOT
 
 
 def replay(full: list, n_prompt: int, policy, proposer, verify_cost: dict, k_cap: int) -> dict:
@@ -76,7 +75,7 @@ def replay(full: list, n_prompt: int, policy, proposer, verify_cost: dict, k_cap
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="*", help="bench/run_eval.py result JSON files (their 'plain' tokens)")
+    ap.add_argument("runs", nargs="*", help="bench/eval/run.py result JSON files (their 'plain' tokens)")
     ap.add_argument("--dataset", action="append", default=[], metavar="DIR",
                     help="also a `moa-cpp train --data-only` directory of greedy answers (data.npz: prompt + "
                          "answer tokens), e.g. bench/data/heldout-s8/data (needs --verify-cost)")

@@ -37,11 +37,11 @@ Every method's tokens are compared with llama.cpp's greedy output and with our p
 output (identical prompts / total: a diverging method is reported, not hidden). Times cover the
 whole generation call (prompt processing included).
 
-    python bench/run_eval.py                                         # SmolLM2 + shipped drafter
-    python bench/run_eval.py -m target.gguf -d drafter.gguf --variants chain:4 tree:6,8,62 \\
+    python -m bench.eval run                                         # SmolLM2 + shipped drafter
+    python -m bench.eval run -m target.gguf -d drafter.gguf --variants chain:4 tree:6,8,62 \\
         --prompts 10 --max-tokens 128
-    python bench/run_eval.py --oracle 0.5 0.7 0.9 --variants chain:3    # speed-up ceiling
-    python bench/run_eval.py --sets grounded --ngram auto:8 chain:4 --hybrid chain:4   # issue 23
+    python -m bench.eval run --oracle 0.5 0.7 0.9 --variants chain:3    # speed-up ceiling
+    python -m bench.eval run --sets grounded --ngram auto:8 chain:4 --hybrid chain:4   # issue 23
 
 Sets: the paper's six (``--data``, default ../shared/data/eval) and ``grounded``
 (bench/prompts/grounded.jsonl: code edits, extraction, summaries, rewrites, questions over a
@@ -60,14 +60,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (EVAL_DIR, EVAL_SETS, CallCounter, base_parser, eval_prompts, llama_greedy,  # noqa: E402
+from bench.common import (BENCH_DIR, EVAL_DIR, EVAL_SETS, CallCounter, base_parser, eval_prompts, llama_greedy,
                      md_table, open_llama, run_generation, run_info, spec_api, usable_cores, write_results)
 
 SETS = EVAL_SETS
 PAPER_NAMES = {"mt_bench": "MT-bench", "humaneval": "HumanEval", "gsm8k": "GSM8K", "alpaca": "Alpaca",
                "sum": "CNN/DM", "qa": "Nat. Ques.", "grounded": "grounded"}
-OWN_SETS = {"grounded": Path(__file__).resolve().parent / "prompts"}    # sets written for this repository
+OWN_SETS = {"grounded": BENCH_DIR / "prompts"}    # sets written for this repository
 LLAMA, PLD, PLAIN, DEFAULT = "llama.cpp", "llama.cpp PLD", "plain", "default auto:8"
 SPLIT_KEYS = ("t_prefill", "t_target", "t_drafter", "t_capture", "t_overhead")
 
@@ -121,7 +120,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fresh-cache", action="store_true",
                     help="point MOA_CPP_CACHE at an empty temp dir: the default row measures T(k) in its warm-up")
     ap.add_argument("--data", default=str(EVAL_DIR))
-    ap.add_argument("--name", default="eval", help="results file stem (default eval)")
+    ap.add_argument("--name", default="eval-run", help="results file stem (default eval-run)")
     ap.add_argument("--results-dir", default=None, help="default bench/results/<machine-label>/")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     ap.add_argument("--plot", default=None, help="also write the PNG here")

@@ -24,9 +24,9 @@ the worst per-prompt ratio, tau, drafts / draft rows / K/V capture time, the tim
 decisions, and how many outputs are token-identical to ``no-draft``'s (greedy: all should be).
 The aim: every method >= 0.97x of ``no-draft`` as a whole process.
 
-    python bench/spec_types.py                                   # SmolLM2 Q4_1 + shipped drafter
-    python bench/spec_types.py --prompts 3 --max-tokens 64 --name spec-types-smoke
-    python bench/spec_types.py -m qwen-1.5b-f16 --draft-model qwen-0.5b --name spec-types-qwen15-f16
+    python -m bench.eval spec-types                                   # SmolLM2 Q4_1 + shipped drafter
+    python -m bench.eval spec-types --prompts 3 --max-tokens 64 --name spec-types-smoke
+    python -m bench.eval spec-types -m qwen-1.5b-f16 --draft-model qwen-0.5b --name spec-types-qwen15-f16
 
 ``-m``/``--draft-model`` also take the names ``smollm2`` (the embedded default target: as its own
 draft model it costs a target row per draft, so ``draft`` can never pay on it, which the policy
@@ -46,8 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (EVAL_DIR, EVAL_SETS, base_parser, eval_prompts, md_table, run_info, usable_cores,  # noqa: E402
+from bench.common import (EVAL_DIR, EVAL_SETS, base_parser, eval_prompts, md_table, run_info, usable_cores,
                      write_results)
 
 SETS = EVAL_SETS
@@ -61,8 +60,8 @@ def model_path(name: str) -> str:
     from moa_cpp.models import registry as models
     if name == "smollm2":
         return str(models.smollm2_path())
-    if name == "proxy":                       # the ~1 ms GPU-speed proxy (bench/_proxy.py)
-        from _proxy import proxy_target
+    if name == "proxy":                       # the ~1 ms GPU-speed proxy (bench/proxy.py)
+        from bench.proxy import proxy_target
         return str(proxy_target())
     if name in ("qwen-1.5b", "qwen-0.5b"):
         return str(models.qwen25_coder_15b_path() if name == "qwen-1.5b" else models.qwen25_coder_05b_path())
@@ -205,7 +204,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=int, default=900, help="seconds per process")
     ap.add_argument("--fresh-cache", action="store_true", help="an empty MOA_CPP_CACHE (T(k) measured in the warm-up)")
     ap.add_argument("--data", default=str(EVAL_DIR))
-    ap.add_argument("--name", default="spec-types")
+    ap.add_argument("--name", default="eval-spec-types")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
     from moa_cpp.models import defaults

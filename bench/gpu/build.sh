@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Offline CUDA build for the GPU check (started by bench/gpu_check.sh; writes STORE/build.done = exit code).
-#   bash bench/gpu_build.sh STORE
-# STORE/files holds llama-src.tar.gz (gpu_pack.py's trimmed llama-cpp-python 0.3.36) and wheels/.
+#   bash bench/gpu/build.sh STORE
+# STORE/files holds llama-src.tar.gz (bench/gpu/pack.py's trimmed llama-cpp-python 0.3.36) and wheels/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STORE=$1

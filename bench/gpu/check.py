@@ -13,8 +13,8 @@ measured in one run; writes gpu_check.json + gpu_check.md.
    proposer (70 % / 90 % per-token acceptance) against llama-cpp-python's own generation on the
    same device, prompts interleaved, one warm-up first.
 
-    python bench/gpu_check.py --model SmolLM2-135M-Instruct.Q4_1.gguf --fixture moa-ref-tiny --out OUT
-    python bench/gpu_check.py --dry-run --out OUT          # CPU, tiny: keeps this script from rotting (CI)
+    python -m bench.gpu check --model SmolLM2-135M-Instruct.Q4_1.gguf --fixture moa-ref-tiny --out OUT
+    python -m bench.gpu check --dry-run --out OUT          # CPU, tiny: keeps this script from rotting (CI)
 
 On the device it runs from ``bench/gpu_check.sh`` (which builds llama-cpp-python with CUDA first).
 """
@@ -29,11 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-from _common import llama_greedy, md_table, open_llama, run_generation, run_info, spec_api  # noqa: E402
+from bench.common import REPO_ROOT, llama_greedy, md_table, open_llama, run_generation, run_info, spec_api
+
+REPO = REPO_ROOT
 
 GPU_PARITY_RTOL = 1e-3   # the CPU gate is 1e-4; CUDA's F32 GEMMs (cuBLAS) and reductions sum in another order
 

@@ -8,8 +8,8 @@ RPC build reads, ~5 MB), a few pure/small wheels (cffi, pycparser, gguf, diskcac
 fixture (``../shared`` does not travel) and the target model (SmolLM2 Q4_1, ~94 MiB: split in
 parts). The Q8_0 copy is made there by requantizing, so it never travels.
 
-    python bench/gpu_pack.py                        # -> .gpu/s1 .. .gpu/sN + .gpu/manifest.json
-    python bench/gpu_pack.py --budget-mib 40 --sdist llama_cpp_python-0.3.36.tar.gz
+    python -m bench.gpu pack                        # -> .gpu/s1 .. .gpu/sN + .gpu/manifest.json
+    python -m bench.gpu pack --budget-mib 40 --sdist llama_cpp_python-0.3.36.tar.gz
 
 Each stage folder goes with one device call (``carry: [".gpu/s1"]``, then s2, ...); s1 holds the
 source and wheels so the build starts on the first call while the model parts follow. The
@@ -31,7 +31,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Optional
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.common import REPO_ROOT
+
+REPO = REPO_ROOT
 SDIST = "llama_cpp_python-0.3.36"
 # Whole trees of the sdist that a CUDA + RPC build of the Python package never reads.
 _DROP = (".git", "docs", "examples", "tests", "docker", "vendor/llama.cpp/.git",
@@ -219,7 +221,6 @@ def main(argv=None) -> int:
     if args.model:
         model = Path(args.model)
     else:
-        sys.path.insert(0, str(REPO))
         from moa_cpp.models import registry as models
         model = Path(models.smollm2_path())
     files = [("llama-src.tar.gz", trimmed), ("fixture.tar", fx), ("eval_prompts.json", prompts),

@@ -30,17 +30,17 @@ something. Rows (``--rows``, default all that the installed models allow):
   equal to llama-server's. ``moa-cpp serve`` runs its default (continuous batching, ``-cb``);
   ``--server-nocb`` adds ``-nocb`` servers (a context per session). ``-m qwen-1.5b-f16 --rows
   server`` for the memory-bound F16 target (ours then drafts n-grams: no MoA drafter for it).
-- ``ttft`` (SmolLM2 Q4_1 + drafter): bench/prompt_cache.py (multi-turn chats, streaming) with
+- ``ttft`` (SmolLM2 Q4_1 + drafter): bench/serve/prompt_cache.py (multi-turn chats, streaming) with
   ``--llama-server``: ``moa-cpp serve`` vs ``llama-server -np 1`` (prompt caching on in both).
 - ``conformance``: the openai-client cases of our server tests (tests/server/test_server_extras.py
   structured output, tests/server/test_tools.py tools on Qwen2.5-Coder-0.5B) run against ``moa-cpp serve``
   and ``llama-server`` on the same GGUF: per case what each returns, whether each meets the
   test's checks (other than equality with our Python API), and whether the two agree. No asserts.
 
-    python bench/peers_compare.py                          # every row (~17 min measured on 2 quiet cores)
-    python bench/peers_compare.py --rows plain ngram       # some rows
-    python bench/peers_compare.py --quick --results-dir /tmp/smoke     # smoke: a prompt or two, few tokens
-    python bench/peers_compare.py --merge                  # the one table from the rows' latest files
+    python -m bench.peers                          # every row (~17 min measured on 2 quiet cores)
+    python -m bench.peers --rows plain ngram       # some rows
+    python -m bench.peers --quick --results-dir /tmp/smoke     # smoke: a prompt or two, few tokens
+    python -m bench.peers --merge                  # the one table from the rows' latest files
 
 Writes bench/results/<machine-label>/peers-<row>.json/.md/.png per row and peers.json/.md/.png
 (the one table: ours / theirs per row) via bench/_common.write_results.
@@ -59,15 +59,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (EVAL_DIR, base_parser, eval_prompts, md_table, results_dir, run_info, usable_cores,  # noqa: E402
+from bench.common import (BENCH_DIR, EVAL_DIR, base_parser, eval_prompts, md_table, results_dir, run_info, usable_cores,
                      write_results)
-from serve_load import Proc, free_port, request, run_block  # noqa: E402
-from serve_load import summarize as load_summary  # noqa: E402
-from spec_types import model_path  # noqa: E402
-from spec_types import run as run_moa  # noqa: E402
+from bench.serve.load import Proc, free_port, request, run_block
+from bench.serve.load import summarize as load_summary
+from bench.eval.spec_types import model_path
+from bench.eval.spec_types import run as run_moa
 
-BENCH = Path(__file__).resolve().parent
+BENCH = BENCH_DIR
 REPO = BENCH.parent
 GROUNDED = BENCH / "prompts" / "grounded.jsonl"
 ROWS = ["plain", "ngram", "draft", "server", "ttft", "conformance"]
@@ -587,7 +586,7 @@ def row_server(args, peers: Path) -> dict:
 
 
 def row_ttft(args, peers: Path) -> dict:
-    import prompt_cache
+    from bench.serve import prompt_cache
     from moa_cpp.models import defaults
     model = model_path(args.model)
     name = f"{args.name}-ttft"
@@ -598,15 +597,15 @@ def row_ttft(args, peers: Path) -> dict:
         argv += ["-d", args.drafter or str(defaults.default_drafter())]
     if args.results_dir:
         argv += ["--results-dir", args.results_dir]
-    print(f"[ttft] python bench/prompt_cache.py {shlex.join(argv)}", flush=True)
+    print(f"[ttft] python -m bench.serve prompt-cache {shlex.join(argv)}", flush=True)
     prompt_cache.main(argv)
     doc = json.loads((results_dir(args.results_dir) / f"{name}.json").read_text())
     return {"model": model, "argv": argv, **ttft_compare(doc, name), "written": True}
 
 
 def ttft_compare(doc: dict, name: str) -> dict:
-    """The ttft row's comparisons from bench/prompt_cache.py's results (``doc``)."""
-    import prompt_cache
+    """The ttft row's comparisons from bench/serve/prompt_cache.py's results (``doc``)."""
+    from bench.serve import prompt_cache
     recs = doc["records"]
     args = SimpleNamespace(**doc.get("settings", {})) if "chats" in doc.get("settings", {}) else None
     mean = {s: statistics.mean(r["ttft"] for r in recs if r["server"] == s) for s in ("moa", "llama-server")}
@@ -620,7 +619,7 @@ def ttft_compare(doc: dict, name: str) -> dict:
     if later["moa"] and later["llama-server"]:
         cmp.append(("ttft", "mean TTFT (turns 2+)", "moa-cpp serve", "llama-server",
                     1 / statistics.mean(later["moa"]), 1 / statistics.mean(later["llama-server"]), None))
-    md = (f"See `{name}.md` (bench/prompt_cache.py with `--llama-server`). Mean TTFT: moa-cpp serve "
+    md = (f"See `{name}.md` (bench/serve/prompt_cache.py with `--llama-server`). Mean TTFT: moa-cpp serve "
           f"{1000 * mean['moa']:.0f} ms, llama-server {1000 * mean['llama-server']:.0f} ms.\n")
     return {"mean_ttft": mean, "compare": cmp, "md": md}
 
@@ -902,7 +901,7 @@ def main(argv=None) -> int:
             f = results_dir(args.results_dir) / f"{args.name}-{row}.json"
             if f.is_file():
                 doc = json.loads(f.read_text())
-                if row == "ttft":      # bench/prompt_cache.py's file
+                if row == "ttft":      # bench/serve/prompt_cache.py's file
                     doc = {**doc, **ttft_compare(doc, f.stem)}
                 done[row], elapsed[row] = doc, float(doc.get("elapsed_s", 0.0))
                 all_cmp += doc.get("compare", [])

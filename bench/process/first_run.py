@@ -31,8 +31,8 @@ that row shows what the cost-aware default costs when the drafter is useless: it
 up drafting and approach plain decoding). Any other value is a GGUF path (``plain`` only, unless
 ``--drafter`` is given).
 
-    python bench/first_run.py                                   # 3 models x 64/256 tokens x 3 reps
-    python bench/first_run.py --models smollm2 --max-tokens 64 --reps 1
+    python -m bench.process first-run                                   # 3 models x 64/256 tokens x 3 reps
+    python -m bench.process first-run --models smollm2 --max-tokens 64 --reps 1
 
 Writes bench/results/<machine-label>/<--name>.json/.md/.png (bench/_common.write_results).
 """
@@ -48,8 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import llama_greedy, md_table, open_llama, run_info, usable_cores, write_results  # noqa: E402
+from bench.common import REPO_ROOT, llama_greedy, md_table, open_llama, run_info, usable_cores, write_results
 
 PROMPT = "Explain speculative decoding in two sentences."
 N_CTX = 4096          # moa-cpp generate's default --n-ctx
@@ -146,14 +145,14 @@ def spawn(kind: str, m: dict, ids_file: Path, n: int, threads: int, prompt: str,
     elif kind != "llama":
         cache = tempfile.mkdtemp(prefix="moa-fresh-cache-")
         env["MOA_CPP_CACHE"] = cache             # empty: no cached T(k), nothing else cached either
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--model", m["path"],
+    cmd = [sys.executable, "-m", "bench.process.first_run", "--child", kind, "--model", m["path"],
            "--ids-file", str(ids_file), "--max-tokens", str(n), "--threads", str(threads), "--prompt", prompt]
     if m.get("drafter"):
         cmd += ["--drafter", m["drafter"]]
     if calibrate:
         cmd += ["--calibrate"]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
     wall = time.perf_counter() - t0
     if cache:
         subprocess.run(["rm", "-rf", cache])
@@ -178,7 +177,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="default: all usable cores")
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--timeout", type=int, default=600, help="seconds per child process")
-    ap.add_argument("--name", default="first_run")
+    ap.add_argument("--name", default="process-first-run")
     ap.add_argument("--results-dir", default=None)
     # child mode
     ap.add_argument("--second-run", action="store_true",

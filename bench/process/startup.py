@@ -23,8 +23,8 @@ The methods alternate (order flipped every repetition) after one discarded warm-
 (which also fills MOA_CPP_CACHE, here a temp dir, the way a user's first run does); ``--calibrate``
 times that first run's calibration apart (the fresh-cache case).
 
-    python bench/startup.py                       # SmolLM2 Q4_1, 128 tokens, 5 repetitions
-    python bench/startup.py --reps 1 --max-tokens 16 --results-dir /tmp/smoke
+    python -m bench.process startup                       # SmolLM2 Q4_1, 128 tokens, 5 repetitions
+    python -m bench.process startup --reps 1 --max-tokens 16 --results-dir /tmp/smoke
 
 Writes bench/results/<machine-label>/<--name>.json/.md/.png.
 """
@@ -39,10 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import md_table, run_info, usable_cores, write_results  # noqa: E402
+from bench.common import REPO_ROOT, md_table, run_info, usable_cores, write_results
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO_ROOT
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 LLAMA_SCRIPT = """
 import sys
@@ -114,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="default: all usable cores")
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--timeout", type=int, default=300)
-    ap.add_argument("--name", default="startup")
+    ap.add_argument("--name", default="process-startup")
     ap.add_argument("--results-dir", default=None)
     args = ap.parse_args(argv)
     from moa_cpp.models import defaults

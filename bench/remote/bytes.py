@@ -8,8 +8,8 @@ Per run (one chat prompt, greedy): server calls per verified token (= (1 + cycle
 the open included), bytes sent / received per verified token (HTTP headers + bodies as
 written and read), of which the open (the prompt's CA), and tau.
 
-    python bench/remote_bytes.py                      # 2 prompts per eval set, 64 tokens
-    python bench/remote_bytes.py --shapes chain:4 --dtypes f16 --prompts 1
+    python -m bench.remote bytes                      # 2 prompts per eval set, 64 tokens
+    python -m bench.remote bytes --shapes chain:4 --dtypes f16 --prompts 1
 
 Writes bench/results/<machine-label>/remote_bytes.json/.md/.png (bench/_common.write_results).
 """
@@ -22,10 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import EVAL_DIR, base_parser, eval_prompts, md_table, run_info, write_results  # noqa: E402
+from bench.common import REPO_ROOT, EVAL_DIR, base_parser, eval_prompts, md_table, run_info, write_results
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 
 
 def _free_port() -> int:
@@ -106,7 +105,7 @@ def main(argv=None) -> int:
         ax.legend()
         fig.tight_layout()
         return fig
-    write_results("remote_bytes", {"rows": rows, "prompts": prompts, "settings": vars(args)}, head + table, plot,
+    write_results("remote-bytes", {"rows": rows, "prompts": prompts, "settings": vars(args)}, head + table, plot,
                   out_dir=args.results_dir, info=run_info(None))
     return 0
 

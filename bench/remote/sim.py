@@ -17,11 +17,11 @@ Baselines on the same inputs: per-token API ``N·(RTT+T(1))``; streaming API ``R
 N·T(1)``; server-side speculation + streaming ``RTT + T_pf + N·C_local/tau``; single device
 ``T_pf + N·C_local/tau``. Break-even RTT: where client-server = streaming API.
 
-    python bench/remote_sim.py                 # trace + tables + grid (+ --live: proxy check)
-    python bench/remote_sim.py --live          # also run the real client through FaultProxy
-    python bench/remote_sim.py --outage        # disconnection runs (remote_outage.*) only
+    python -m bench.remote sim                 # trace + tables + grid (+ --live: proxy check)
+    python -m bench.remote sim --live          # also run the real client through FaultProxy
+    python -m bench.remote sim --outage        # disconnection runs (remote-outage.*) only
 
-Writes bench/results/<machine-label>/remote_sim.{json,md,png} (remote_outage.* with --outage).
+Writes bench/results/<machine-label>/remote-sim.{json,md,png} (remote-outage.* with --outage).
 """
 from __future__ import annotations
 
@@ -34,11 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import EVAL_DIR, base_parser, eval_prompts, md_table, run_info, write_results  # noqa: E402
-from remote_bytes import start_server  # noqa: E402
+from bench.common import BENCH_DIR, EVAL_DIR, base_parser, eval_prompts, md_table, run_info, write_results
+from bench.remote.bytes import start_server
 
-RES = Path(__file__).resolve().parent / "results" / "amd-epyc-2c"
+RES = BENCH_DIR / "results" / "amd-epyc-2c"
 RTTS = (5, 20, 50, 100)          # ms
 BWS = (10, 50)                   # Mbit/s
 
@@ -361,7 +360,7 @@ def main(argv=None) -> int:
     ap.add_argument("--live-rtt", type=float, nargs="+", default=[20, 50])
     ap.add_argument("--live-bw", type=float, default=10)
     ap.add_argument("--live-prompts", type=int, default=3)
-    ap.add_argument("--outage", action="store_true", help="disconnection runs only (remote_outage.*)")
+    ap.add_argument("--outage", action="store_true", help="disconnection runs only (remote-outage.*)")
     ap.add_argument("--outage-s", type=float, nargs="+", default=[1, 5, 30])
     ap.add_argument("--outage-at", type=int, default=32)
     ap.add_argument("--outage-prompts", type=int, default=2)
@@ -400,9 +399,9 @@ def main(argv=None) -> int:
 
     rows = trace_grid(runs, comp, base, args.N)
     p_trace = comp["p_depth"]
-    tk_smol = {int(k): v for k, v in json.loads((RES / "tk-smollm2-q8_0-gemma3.json").read_text())["targets"][0]
+    tk_smol = {int(k): v for k, v in json.loads((RES / "costs-curves-tk-smollm2-q8_0-gemma3.json").read_text())["targets"][0]
                ["tk_ms"].items()}
-    syn = json.loads((RES / "tk-synthetic-8b.json").read_text())["targets"][0]
+    syn = json.loads((RES / "costs-curves-tk-synthetic-8b.json").read_text())["targets"][0]
     tk_syn = {int(k): 4 * v for k, v in syn["tk_ms"].items()}        # 8 of 32 layers -> x4
     n_prompt = int(round(comp["n_prompt_mean"]))
     accs = [("trace", p_trace, len(p_trace))] + [(f"oracle {p}", [p] * 8, 8) for p in args.oracle]
@@ -488,7 +487,7 @@ def main(argv=None) -> int:
            "live": [{k: v for k, v in x.items() if k != "runs"} for x in live],
            "live_traces": [[{k: v for k, v in r.items() if k != "tokens"} for r in x["runs"]] for x in live],
            "prompts": prompts, "settings": vars(args), "elapsed_s": time.perf_counter() - t_start}
-    write_results("remote_sim", doc, head + table + live_md, plot, out_dir=args.results_dir, info=run_info(None))
+    write_results("remote-sim", doc, head + table + live_md, plot, out_dir=args.results_dir, info=run_info(None))
     return 0
 
 
@@ -585,7 +584,7 @@ def main_outage(args, model, drafter) -> int:
         return fig
     doc = {"rows": rows, "match_bins": {"moa": bm, "moa_prefix": bp, "pld": bl, "pld_prefix": blp},
            "prompts": prompts, "settings": vars(args), "elapsed_s": time.perf_counter() - t_start}
-    write_results("remote_outage", doc, head + t1 + tail, plot, out_dir=args.results_dir, info=run_info(None))
+    write_results("remote-outage", doc, head + t1 + tail, plot, out_dir=args.results_dir, info=run_info(None))
     return 0
 
 

@@ -4,7 +4,7 @@ servers on 127.0.0.1 (SmolLM2 with its drafter; tools on Qwen2.5-Coder-0.5B, who
 renders tools): logprobs, structured output, sampling, prompt-cache reuse, tools, llama-server's
 utilities, CORS, /metrics. Writes docs/server-examples.md (answers shortened where long).
 
-    python bench/api_examples.py
+    python -m bench.serve examples
 """
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-from moa_cpp.testing.server_proc import ServerProc  # noqa: E402
+from moa_cpp.testing.server_proc import ServerProc
+
+from bench.common import REPO_ROOT
+
+REPO = REPO_ROOT
 
 MSGS = [{"role": "user", "content": "Name two colors."}]
 WEATHER = {"type": "function", "function": {
@@ -105,8 +108,11 @@ def captured(examples, *serve_args: str) -> list:
 
 
 def main() -> int:
+    import argparse
+
     from moa_cpp.models import registry as models
-    parts = ["# `moa-cpp serve`: request/response examples\n\nCaptured by `python bench/api_examples.py` from "
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    parts = ["# `moa-cpp serve`: request/response examples\n\nCaptured by `python -m bench.serve examples` from "
              "real servers on 127.0.0.1 (greedy; `id`/`created` left out, long answers cut with `...`).\n",
              "## SmolLM2-135M-Instruct with its MoA drafter\n\n`moa-cpp serve --metrics --cors-origins "
              "http://localhost:3000 -t 2`\n"]

@@ -26,8 +26,8 @@ reuses the KV cache of the previous prompt's common prefix, so it decodes the re
 in a batch of another size, whose logits differ in the last bits; greedy answers then part at
 near-ties. The same Llama given a fresh cache matches plain decoding token for token).
 
-    python bench/serve_load.py                               # 3 rounds x 12 requests x {1,2,4} clients
-    python bench/serve_load.py --servers llama moa-np1 --concurrency 1 4 --requests 24
+    python -m bench.serve load                               # 3 rounds x 12 requests x {1,2,4} clients
+    python -m bench.serve load --servers llama moa-np1 --concurrency 1 4 --requests 24
 
 Writes bench/results/<machine-label>/<--name>.json/.md/.png (bench/_common.write_results).
 """
@@ -49,11 +49,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (EVAL_DIR, EVAL_SETS, base_parser, eval_prompts, md_table, run_info, usable_cores,  # noqa: E402
+from bench.common import (REPO_ROOT, EVAL_DIR, EVAL_SETS, base_parser, eval_prompts, md_table, run_info, usable_cores,
                      write_results)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 SETS = EVAL_SETS
 LLAMA = "llama"
 PLAIN = "moa-np1-none"
@@ -273,7 +272,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sets", nargs="+", default=SETS, choices=SETS)
     ap.add_argument("--prompts", type=int, default=4, help="prompts per set (default 4)")
     ap.add_argument("--data", default=str(EVAL_DIR))
-    ap.add_argument("--name", default="serve_load")
+    ap.add_argument("--name", default="serve-load")
     ap.add_argument("--results-dir", default=None, help="default bench/results/<machine-label>/")
     args = ap.parse_args(argv)
 

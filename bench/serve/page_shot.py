@@ -3,7 +3,7 @@
 SmolLM2 target + drafter, MoA and prompt lookup merged), a real greedy answer in headless
 Chromium, drafted tokens highlighted.
 
-    python bench/chat_page_shot.py [--out docs/chat-page.png] [--prompt TEXT]
+    python -m bench.serve page-shot [--out docs/chat-page.png] [--prompt TEXT]
 
 Needs Chromium + chromedriver (bash scripts/browser.sh) and selenium (the `test` extra).
 """
@@ -15,9 +15,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 
-from moa_cpp.testing.server_proc import ServerProc  # noqa: E402
+from moa_cpp.testing.server_proc import ServerProc
+
+from bench.common import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 
 def main() -> None:

@@ -24,10 +24,10 @@ moa only). Answers of ``moa`` (and ``moa-landed``) are compared with ``moa-nocac
 turn while their histories are equal: since issue 41 a reused cell is one a fresh prefill
 computes bit for bit alike (moa_cpp/speculative/prefix_cache.py), so every answer must be equal.
 
-    python bench/prompt_cache.py                       # 4 chats x 6 turns, SmolLM2 + its drafter
-    python bench/prompt_cache.py -m Qwen.gguf --chats 2
-    python bench/prompt_cache.py --baseline /tmp/landed        # + the landed code's inexact reuse
-    python bench/prompt_cache.py --llama-server auto --servers moa moa-nocache llama-server
+    python -m bench.serve prompt-cache                       # 4 chats x 6 turns, SmolLM2 + its drafter
+    python -m bench.serve prompt-cache -m Qwen.gguf --chats 2
+    python -m bench.serve prompt-cache --baseline /tmp/landed        # + the landed code's inexact reuse
+    python -m bench.serve prompt-cache --llama-server auto --servers moa moa-nocache llama-server
 
 Writes bench/results/<machine-label>/<--name>.json/.md/.png.
 """
@@ -41,9 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import EVAL_DIR, base_parser, eval_prompts, md_table, run_info, usable_cores, write_results  # noqa: E402
-from serve_load import LLAMA, Proc, free_port  # noqa: E402
+from bench.common import BENCH_DIR, EVAL_DIR, base_parser, eval_prompts, md_table, run_info, usable_cores, write_results
+from bench.serve.load import LLAMA, Proc, free_port
 
 SERVERS = ["moa", "moa-nocache", LLAMA]
 SETS = ["mt_bench", "alpaca", "qa", "gsm8k", "humaneval"]      # "sum": too long for 6 turns in 4096
@@ -159,7 +158,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--name", default="prompt_cache")
+    ap.add_argument("--name", default="serve-prompt-cache")
     ap.add_argument("--results-dir", default=None)
     ap.add_argument("--baseline", default=None, metavar="DIR",
                     help="another checkout of moa_cpp: its server joins the run as moa-landed")
@@ -170,7 +169,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.llama_server == "auto":
         import subprocess
-        out = subprocess.run(["bash", str(Path(__file__).resolve().parent / "peers" / "build.sh")],
+        out = subprocess.run(["bash", str(BENCH_DIR / "peers" / "build.sh")],
                              stdout=subprocess.PIPE, text=True, check=True).stdout
         args.llama_server = str(Path(out.strip().splitlines()[-1]) / "llama-server")
     servers = args.servers or (SERVERS + ([LLAMA_SERVER] if args.llama_server else []) + ([LANDED] if args.baseline else []))

@@ -27,6 +27,8 @@ _ADD = {"generate": "add_generate_arguments", "chat": "add_chat_arguments", "con
         "check-parity": "add_parity_arguments", "train": "add_train_arguments",
         "serve": "add_serve_arguments", "rpc-server": "add_rpc_server_arguments", "client": "add_client_arguments",
         "bundle": "add_bundle_arguments"}
+# `moa-cpp train eval|compare|curve|history` (moa_cpp.train.measure): measuring drafters
+_TRAIN_MEASURES = ("eval", "compare", "curve", "history")
 _RUN = {"generate": "run_generate", "chat": "run_chat", "convert": "run_convert", "check-parity": "run_parity", "train": "run_train",
         "serve": "run_serve", "rpc-server": "run_rpc_server", "client": "run_client",
         "bundle": "run_bundle"}
@@ -65,6 +67,8 @@ def _command(argv: list) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"] and argv[1:2] and argv[1] in _TRAIN_MEASURES:   # moa-cpp train eval|compare|...
+        return importlib.import_module("moa_cpp.train.measure").main(argv[1:])
     command = _command(argv)
     parser = build_parser(command)
     if command:

@@ -43,7 +43,7 @@ class RemoteGenerator(ClientParts):
       give it. A server without a bundle: the embedded default drafter and target.
 
     ``on_call`` (None: no tracing work): called with one dict per server call once its cycle is
-    done (``bench/remote_sim.py``'s trace; fields in :func:`~moa_cpp.remote.run.call_record`).
+    done (``bench/remote/sim.py``'s trace; fields in :func:`~moa_cpp.remote.run.call_record`).
 
     Greedy output equals the target's plain greedy decoding; with temperature > 0 every token is
     the target's own sample (drafts are deterministic and verified as point masses)."""

@@ -181,7 +181,7 @@ class CostAwarePolicy:
         """The chain length that pays for a lookup in ``context``, and its gain over plain (no
         exploration: the priors are measured, and a context priced out is not probed; a probe of
         1 draft cannot test the longer chain that would pay, and probing that chain instead lost
-        2-5 % on the replays of bench/ngram_policy_sim.py, with more prompts below 0.98x)."""
+        2-5 % on the replays of bench/eval/policy_replay.py, with more prompts below 0.98x)."""
         est = self.by_context[context]
         return best_chain_length(self.verify_cost, [est.mean(d) for d in range(1, self._k_cap + 1)],
                                  self._row_cost_prior, self._k_cap, self.s.min_gain)

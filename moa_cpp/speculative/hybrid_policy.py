@@ -21,7 +21,7 @@ class HybridPolicy:
     the free source alone, priced per match (a contextual one over that source; the cycles ask
     for ``free_only`` shapes). Before it, a drafter priced out at the start turned the free drafts
     off with it: ``draft,ngram`` on Qwen2.5-Coder-1.5B F16 decoded plainly (0.99x) where
-    ``ngram`` alone gave 1.25x (bench/results/amd-epyc-2c/issue23-qwen15-f16-grounded128-hybrid).
+    ``ngram`` alone gave 1.25x (bench/results/amd-epyc-2c/eval-run-qwen15-f16-grounded-hybrid).
     While the free source goes on alone, the model sources sit the generation out
     (:func:`~moa_cpp.speculative.cost_aware.seat_model_sources`): no K/V capture, no drafter
     commit, feed or row, so a cycle costs what the lookup's price says (before issue 41 part 4 the

@@ -54,7 +54,7 @@ from moa_cpp.target.context import LONE_ROW_CELLS, TargetContext
 
 # The smallest exact batch worth prefilling in: below it the default chunk is n_ubatch (aligned
 # reuse), above it the prefill runs in exact chunks (canonical reuse). Prefill speed on the CPU
-# is flat from about this size on (bench/prompt_cache.py --ubatch).
+# is flat from about this size on (bench/serve/prompt_cache.py --ubatch).
 AUTO_MIN_ROWS = 16
 
 # Copies of earlier generations' KV cells kept in RAM (PrefixCache.save, llama-server's --cache-ram,

@@ -7,7 +7,7 @@ logits, capture on), measured once per model file, build and thread count and ca
   one-token decodes);
 - :func:`cached_verify_cost`: the cached table, never decoding;
 - :func:`verify_cost_from_timings`: timings by row count -> a non-decreasing T(k);
-- :func:`measure_verify_cost`: the standalone benchmark form (``bench/cost_curves.py``).
+- :func:`measure_verify_cost`: the standalone benchmark form (``bench/costs/curves.py``).
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def calibrate_verify_cost(target: Target, k_max: int) -> dict:
     size was known already (cached, or declared) or the search stopped at an inexact size are the
     other sizes timed on their own (2 repetitions).
     SmolLM2-135M Q4_1 on 2 cores: 1.0 s on the AMD EPYC host (2.1 s with every size tested on all
-    three windows; bench/calibration_profile.py).
+    three windows; bench/costs/calibration.py).
     A machine busy with other processes meanwhile makes the timings worthless (see BUSY_CORES):
     then the measurement is repeated, and failing that the table measured on a quiet machine is
     kept."""

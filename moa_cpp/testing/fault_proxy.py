@@ -1,5 +1,5 @@
 """A fault-injecting TCP proxy on 127.0.0.1 for client-server tests and the live check of
-``bench/remote_sim.py`` (docs/client-server.md#simulation). It forwards bytes between a client and a server and can, on
+``bench/remote/sim.py`` (docs/client-server.md#simulation). It forwards bytes between a client and a server and can, on
 command:
 
 - add a one-way ``latency_ms`` per direction and cap each direction at ``bandwidth_bps`` (a

@@ -29,7 +29,7 @@ _EVAL_PREFIXES = ("complete the code i provided.", "summarize:")
 
 
 def default_eval_dir() -> Path:
-    """``$MOA_EVAL_DIR``, else ``../shared/data/eval`` next to the repository (as bench/run_eval.py)."""
+    """``$MOA_EVAL_DIR``, else ``../shared/data/eval`` next to the repository (as bench/eval/run.py)."""
     env = os.environ.get("MOA_EVAL_DIR")
     if env:
         return Path(env)

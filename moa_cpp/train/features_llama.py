@@ -13,7 +13,7 @@ prefills each sample once:
 - the soft labels are recomputed in the loss from that hidden state and the GGUF's LM head,
   dequantized by gguf-py (:class:`GgufHead`), as on the PyTorch path.
 
-Measured (bench/feature_paths.py, docs/training.md#features): on a 2-core AVX-512 CPU the
+Measured (bench/costs/features.py, docs/training.md#features): on a 2-core AVX-512 CPU the
 PyTorch path is 1.3-3x faster for the architectures it has; this path is the only one for the
 others (gemma3), and the one whose K/V and labels are the verifier's own.
 

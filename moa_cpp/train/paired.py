@@ -1,6 +1,6 @@
 """Paired comparisons of drafters: held-out tau with bootstrap intervals (the same resampled
-conversations or prompts for every drafter compared), used by ``bench/heldout_tau.py`` and
-``bench/compare_eval.py``. Pure NumPy."""
+conversations or prompts for every drafter compared), used by ``moa-cpp train eval`` and
+``moa-cpp train compare`` (:mod:`moa_cpp.train.measure`). Pure NumPy."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +26,7 @@ def bootstrap(per_run: list[list[tuple[int, int]]], n: int = 2000, seed: int = 0
 
 
 def per_prompt_tau(res: dict, method: str) -> dict[tuple[str, int], float]:
-    """Per (set, prompt index): the tau of ``method`` in a ``bench/run_eval.py`` result."""
+    """Per (set, prompt index): the tau of ``method`` in a ``python -m bench.eval run`` result."""
     return {(r["set"], r["q"]): r[method]["tau"] for r in res["records"] if method in r}
 
 

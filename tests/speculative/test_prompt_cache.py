@@ -7,7 +7,7 @@ is such a batch, so a reused prefix holds exactly the K/V a fresh prefill comput
 of a multi-turn chat (MoA drafting, chains and trees) must equal those of a fresh context token
 for token, and the drafter's CA cache must equal a fresh one's. With larger ubatches a reused
 prefix's K/V differ from a fresh prefill's in the last bits, as in llama.cpp's own prompt cache
-(bench/prompt_cache.py counts the answers that change).
+(bench/serve/prompt_cache.py counts the answers that change).
 """
 from __future__ import annotations
 

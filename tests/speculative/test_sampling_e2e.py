@@ -19,8 +19,8 @@ min(p, q)): a draft verified against the wrong q can leave the law intact where 
 disjoint (rejected, then resampled from p) but not its acceptance. Power, measured with planted
 mutations: depth >= 2 drafts carrying the root's q (acceptance 1.64 vs exact 2.23, 25 standard
 errors); the tree verifier keeping a rejected sibling's mass (law p = 3e-89); the drafts' own
-tempered law in place of the target's (p < 1e-30, asserted below). By simulation
-(``bench/sampling_e2e_power.py``) the law check at N = 2000 rejects a 5 % total-variation error
+tempered law in place of the target's (p < 1e-30, asserted below). By simulation (multinomial
+draws from perturbed copies of the enumerated law, 300 repetitions; notes/bench-history.md) the law check at N = 2000 rejects a 5 % total-variation error
 with probability ~0.8 and a 2 % one hardly ever: 2 % needs ~20,000 generations (~6 min here),
 more than the suite affords; a 2 % error in how often drafts are accepted is within reach (the
 first-cycle mean is measured to ~1 %).

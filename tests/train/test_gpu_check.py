@@ -1,7 +1,7 @@
 """The GPU check's CPU-side parts (issue 13), so they work the day a GPU is lent: the packer's
 trimming and staging under the device tool's 64 MiB per call, the staged arrival on the device
 (parts filed away call by call, sha256-checked reassembly, the build started once), and
-bench/gpu_check.py's whole measurement in its tiny CPU dry run."""
+bench/gpu/check.py's whole measurement in its tiny CPU dry run."""
 from __future__ import annotations
 
 import io
@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.gpu import pack as gpu_pack
 
-import gpu_pack  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tar(path: Path, members: dict) -> None:

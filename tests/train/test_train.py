@@ -454,7 +454,7 @@ def test_tiny_training_run_beats_random_drafter(fixture_dir: Path, tmp_path: Pat
 
 
 def _check_first_cap(model, ds, fs, idx: list[int]) -> None:
-    """``eval_acceptance(first=N)`` (``bench/heldout_tau.py --first``): a cap past every response
+    """``eval_acceptance(first=N)`` (``moa-cpp train eval --first``): a cap past every response
     changes nothing; a cap of 3 starts at most 3 chains per response, and fewer in all than none."""
     from moa_cpp.train.evaluate import eval_acceptance
     full: list[tuple[int, int]] = []
@@ -800,7 +800,7 @@ def test_bf16_auto_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_heldout_bootstrap_intervals() -> None:
-    """moa_cpp.train.paired's bootstrap (bench/heldout_tau.py): a run against itself differs by exactly 0; a run
+    """moa_cpp.train.paired's bootstrap (moa-cpp train eval): a run against itself differs by exactly 0; a run
     that accepts one more draft per cycle on every conversation lies above the first, and the
     intervals hold the point estimates."""
     from moa_cpp.train.paired import bootstrap
@@ -819,7 +819,7 @@ def test_heldout_bootstrap_intervals() -> None:
 
 
 def test_heldout_tau_scores_teacher_forced_sets_and_drops_trained_prompts() -> None:
-    """bench/heldout_tau.py's choice of conversations: a self-distilled set scores only its greedy
+    """moa-cpp train eval's choice of conversations: a self-distilled set scores only its greedy
     answers, a teacher-forced set (no greedy answer at all, e.g. ``--fixed-answers``) scores every
     one, as the trainer's held-out estimate does (it once scored none and wrote tau 1.000); a
     prompt a compared run trained on is dropped either way."""
@@ -911,7 +911,7 @@ def test_muon_f32_iteration_matches_torch() -> None:
 
 
 def test_compare_eval_paired_interval() -> None:
-    """bench/compare_eval.py: a drafter against itself differs by 0; one whose tau is higher by
+    """moa-cpp train compare: a drafter against itself differs by 0; one whose tau is higher by
     0.1 on every prompt differs by 0.1 exactly; independent noise gives an interval around 0.
     Prompts only one file has are left out."""
     from moa_cpp.train.paired import paired, per_prompt_tau

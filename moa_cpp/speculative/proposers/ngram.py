@@ -8,7 +8,7 @@ are tried first (``n_max`` down to ``n_min``); among the occurrences of the long
 matches, the one whose preceding text agrees with the text's end for longest (its *match
 length*, counted back up to :data:`MATCH_CAP` tokens) comes first, the most recent among equals
 (suffix decoding's idea: the longer the agreement, the likelier the copy goes on; on the greedy
-outputs of ``bench/ngram_policy_sim.py`` it raised the tokens an 8-draft chain would accept per
+outputs of ``bench/eval/policy_replay.py`` it raised the tokens an 8-draft chain would accept per
 cycle by ~12 %). A chain proposes the first continuation; a tree merges several distinct
 continuations (``topk`` of them, in that order) into one trie, shared prefixes once. A
 continuation that runs into the end of the text goes on with its own tokens (``abcabc`` ->

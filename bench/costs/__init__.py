@@ -1,0 +1,1 @@
+"""what each piece of speculative decoding costs."""

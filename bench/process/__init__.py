@@ -1,0 +1,1 @@
+"""whole moa-cpp generate processes, spawn to exit."""

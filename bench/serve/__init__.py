@@ -1,0 +1,1 @@
+"""moa-cpp serve measured and shown."""
