@@ -243,6 +243,12 @@ def test_typed_request_is_the_keyword_api(gen):
         pieces = list(gen.stream_request(req))
         assert [t for p in pieces for t in p.tokens] == want.tokens
         assert "".join(p.text for p in pieces) == want.text
-        assert gen.last_stats.finish_reason == want.stats.finish_reason
+        # the statistics travel typed on the last piece only (no side attribute to read)
+        assert [p.stats is not None for p in pieces] == [False] * (len(pieces) - 1) + [True]
+        st = pieces[-1].stats
+        assert (st.finish_reason, st.target_calls, st.accepted) == (want.stats.finish_reason,
+                                                                    want.stats.target_calls, want.stats.accepted)
+    stopped = list(gen.stream_steps(prompt, chat=True, max_tokens=24, stop=[" "]))   # a stop string ends it
+    assert stopped[-1].stats.finish_reason == "stop" and all(p.stats is None for p in stopped[:-1])
     with pytest.raises(ValueError, match="out of range"):
         gen.sampling_params(temperature=0.8, top_p=0.0)

@@ -261,3 +261,81 @@ def test_continuations_default_to_a_lower_peak_lr():
     assert _peak_lr(argparse.Namespace(lr=None, init_from="d.gguf")) == 5e-4
     assert _peak_lr(argparse.Namespace(lr=None, init_from=None)) == 2e-3
     assert _peak_lr(argparse.Namespace(lr=1e-3, init_from="d.gguf")) == 1e-3
+
+
+def test_train_eval_scores_a_gguf_and_its_run_alike_and_refuses_what_they_trained_on(fixture_run: dict,
+                                                                                      tmp_path: Path) -> None:
+    """``moa-cpp train eval`` tells drafters apart and reads both kinds of input alike: the fixture
+    run's Q8_0 GGUF and its F32 snapshot (run directory) score alike; a drafter with noisy weights
+    (std 2) scores far below a small-weight one of the same shape (on the fixture's random target
+    the latter guesses its repetitive text well), its paired interval below 0; intervals hold the
+    estimates; the report is written. The same set with ``--exclude`` of the data (what a held-out
+    set must be: never trained on) leaves nothing to score: exit 2 with the reason, no traceback."""
+    from moa_cpp.cli.main import main
+    from moa_cpp.testing.random_drafter import make_random_drafter
+
+    target, a, data = fixture_run["target"], fixture_run["a"], fixture_run["tmp"] / "data"
+    small = make_random_drafter(target, tmp_path / "small.gguf", outtype="q8_0", **FIXTURE_SIZES)
+    noisy = make_random_drafter(target, tmp_path / "noisy.gguf", outtype="q8_0", std=2.0, **FIXTURE_SIZES)
+    out = tmp_path / "eval.json"
+    assert main(["train", "eval", str(small), str(noisy), str(a), "--heldout", str(data), "--target", str(target),
+                 "--threads", "1", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    r0, rn, rg = res["rows"]
+    assert res["n_heldout"] == 20 and rn["tau"] < r0["tau"] - 0.3, (r0, rn)
+    assert rn["diff_vs_first_ci95"][1] < 0                   # the noisy drafter is below, beyond noise
+    assert rg["token_passes"] > 0 and r0["token_passes"] is None
+    for r in res["rows"]:
+        assert r["tau_ci95"][0] <= r["tau"] <= r["tau_ci95"][1]
+    assert out.with_suffix(".md").read_text().count("| ") > 3
+    snap = tmp_path / "snap.json"                              # the run directory: its F32 snapshot
+    assert main(["train", "eval", str(a.parent), "--heldout", str(data), "--target", str(target),
+                 "--threads", "1", "--out", str(snap)]) == 0
+    assert json.loads(snap.read_text())["rows"][0]["tau"] == pytest.approx(rg["tau"], abs=0.1)
+
+    code = main(["train", "eval", str(a), "--heldout", str(data), "--target", str(target),
+                 "--exclude", str(data), "--threads", "1"])
+    assert code == 2
+
+
+def test_train_compare_curve_and_history_read_results_and_refuse_other_files(tmp_path: Path, capsys) -> None:
+    """``moa-cpp train compare|curve|history`` on result files of the shapes their producers write:
+    compare pairs per prompt (a file against a copy 0.1 higher: +0.1 exactly); curve keeps one point
+    per drafter (by its token passes, the later file winning) in token-pass order; history reads
+    runs' history.json. A file of another kind is refused with exit 2 and its name."""
+    from moa_cpp.cli.main import main
+
+    recs = [{"set": "mt_bench", "q": q, "moa chain:4": {"tau": 1.2 + 0.01 * q}} for q in range(20)]
+    a = {"summary": {"moa chain:4": {}}, "records": recs}
+    b = {"summary": {"moa chain:4": {}}, "records": [{**r, "moa chain:4": {"tau": r["moa chain:4"]["tau"] + 0.1}}
+                                                   for r in recs]}
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    assert main(["train", "compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                 "--out", str(tmp_path / "ab.json")]) == 0
+    c = json.loads((tmp_path / "ab.json").read_text())["methods"]["moa chain:4"]
+    assert c["prompts"] == 20 and c["diff"] == pytest.approx(0.1) and c["diff_ci95"] == pytest.approx([0.1, 0.1])
+
+    def ev(rows):
+        return {"n_heldout": 48, "rows": [{"run": r, "tau": t, "tau_ci95": [t - .05, t + .05], "token_passes": p,
+                                           "total_steps": p // 100} for r, t, p in rows]}
+    (tmp_path / "q2.json").write_text(json.dumps(ev([("q1.gguf", 1.40, 5000), ("q2.gguf", 1.50, 9000)])))
+    (tmp_path / "q3.json").write_text(json.dumps(ev([("lineage.gguf", 1.52, 9000), ("q3.gguf", 1.56, 14000),
+                                                     ("side/x.gguf", 1.9, 100)])))
+    assert main(["train", "curve", str(tmp_path / "q2.json"), str(tmp_path / "q3.json"), "--skip", "side/",
+                 "--out", str(tmp_path / "curve.png")]) == 0
+    pts = json.loads((tmp_path / "curve.json").read_text())
+    assert [(p["token_passes"], p["tau"]) for p in pts] == [(5000, 1.40), (9000, 1.52), (14000, 1.56)]
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "history.json").write_text(json.dumps({"history": [{"step": 50, "tokens": 1000, "tau": 1.3},
+                                                              {"step": 100, "tokens": 2000, "tau": 1.5}]}))
+    assert main(["train", "history", str(run), "--out", str(tmp_path / "hist")]) == 0
+    assert [e["tau"] for e in json.loads((tmp_path / "hist.json").read_text())[str(run)]] == [1.3, 1.5]
+
+    capsys.readouterr()
+    assert main(["train", "compare", str(tmp_path / "q2.json"), str(tmp_path / "b.json")]) == 2
+    assert main(["train", "curve", str(tmp_path / "a.json"), "--out", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert "not a `python -m bench.eval run` result" in err and "a.json: not a moa-cpp train eval result" in err
