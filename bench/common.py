@@ -48,10 +48,9 @@ def git_commit() -> str:
 
 
 def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    """Every core this process may run on (the engine's own default thread count)."""
+    from moa_cpp.target.setup import default_threads
+    return default_threads()
 
 
 def cpu_model() -> str:
